@@ -1,0 +1,111 @@
+"""In-process generation: llama-cpp-python's ``Llama`` bound to the library this package built.
+
+Same model checks and tensor-split syntax as ``pyllm serve`` (shared code), GPU layers
+by default when the build has CUDA and a GPU is visible, and :meth:`Llama.generate`
+that streams text pieces which never split a UTF-8 character.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .bindings import llama_cpp_module
+from .gguf_files import ModelFiles, resolve_model
+from .native import build_info
+from .splits import check_against_devices, parse_tensor_split
+
+_llama_cpp = llama_cpp_module()
+
+# Our names for sampling settings -> llama-cpp-python's.
+_SAMPLING_ALIASES = {"temperature": "temp"}
+
+
+def default_gpu_layers() -> int:
+    """All layers (-1) when this build has CUDA and a GPU is visible, else 0."""
+    if not build_info().get("cuda"):
+        return 0
+    from .gpus import visible_gpus
+
+    return -1 if visible_gpus() else 0
+
+
+class Llama(_llama_cpp.Llama):
+    """``llama_cpp.Llama`` on pyllm-a100's libllama.
+
+    ``model_path`` may be a .gguf file, shard 1 of a set, or a folder holding one set;
+    ``tensor_split`` also takes the serve syntax (``"1x8"``, ``"3,1"``, ``"2x2,1x4"``).
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        n_gpu_layers: int | None = None,
+        tensor_split: str | Sequence[float] | None = None,
+        verbose: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.model_files: ModelFiles = resolve_model(model_path)
+        if n_gpu_layers is None:
+            n_gpu_layers = default_gpu_layers()
+        parts = None
+        if tensor_split is not None:
+            parts = parse_tensor_split(tensor_split)
+            from .gpus import visible_gpus
+
+            check_against_devices(parts, len(visible_gpus()), text=str(tensor_split))
+        super().__init__(
+            model_path=str(self.model_files.first),
+            n_gpu_layers=n_gpu_layers,
+            tensor_split=parts,
+            verbose=verbose,
+            **kwargs,
+        )
+
+    def generate(self, prompt: Any, *args: Any, max_tokens: int = 128, **sampling: Any) -> Iterator[Any]:
+        """Stream the completion of ``prompt`` (a str) as text pieces.
+
+        Pieces never split a UTF-8 character: bytes of an incomplete character wait for
+        the next token. Sampling settings are llama-cpp-python's (``temp`` or
+        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``, ``seed``...);
+        ``temperature=0`` is greedy. A list of token ids keeps llama-cpp-python's own
+        token-level ``generate`` (which its completion methods use).
+        """
+        if not isinstance(prompt, str):
+            return super().generate(prompt, *args, **sampling)
+        return self._generate_text(prompt, max_tokens=max_tokens, **sampling)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for (possibly part of a UTF-8 character)."""
+        size = 64
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = _llama_cpp.llama_token_to_piece(self._model.vocab, token, buf, size, 0, False)
+            if n >= 0:
+                return buf.raw[:n]
+            size = -n
+
+    def _generate_text(self, prompt: str, *, max_tokens: int, **sampling: Any) -> Iterator[str]:
+        options = {_SAMPLING_ALIASES.get(k, k): v for k, v in sampling.items()}
+        seed = options.pop("seed", None)
+        if seed is not None:
+            self.set_seed(int(seed))
+        tokens = self.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        produced = 0
+        for token in super().generate(tokens, **options):
+            if _llama_cpp.llama_vocab_is_eog(self._model.vocab, token) or produced >= max_tokens:
+                break
+            piece = decoder.decode(self.token_bytes(token))
+            produced += 1
+            if piece:
+                yield piece
+            if produced >= max_tokens:
+                break
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            yield tail

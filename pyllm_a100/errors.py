@@ -1,0 +1,72 @@
+"""The error tree. Every message says what is wrong, then what to do.
+
+PyllmError
+├── NativeBuildNotFound (FileNotFoundError)   the compiled llama.cpp is missing
+├── BindingsError (ImportError)               llama-cpp-python missing or bound elsewhere
+├── TensorSplitError (ValueError)             bad --tensor-split
+├── ModelError                                a model that cannot be served as given
+│   ├── ModelNotFound (FileNotFoundError)
+│   ├── AmbiguousModel (ValueError)           a folder with several models
+│   ├── NotFirstShard (ValueError)            shard 2 given instead of shard 1
+│   ├── ShardMissing (FileNotFoundError)      a shard of the set is absent
+│   ├── NotAGGUF (ValueError)
+│   ├── TruncatedModel (ValueError)           cut short or corrupt
+│   ├── ModelUnreadable (PermissionError)
+│   └── UnknownArchitecture (ValueError)      the llama.cpp build is older than the model
+
+The CLI prints any PyllmError as one line and exits 1 (traceback with PYLLM_DEBUG=1).
+"""
+
+from __future__ import annotations
+
+
+class PyllmError(Exception):
+    """Base of every error pyllm-a100 raises on purpose."""
+
+
+class NativeBuildNotFound(PyllmError, FileNotFoundError):
+    """``no llama.cpp build found (tried: …): reinstall with pip install -r requirements.txt .``"""
+
+
+class BindingsError(PyllmError, ImportError):
+    """``llama_cpp was already imported with /other/libllama.so: import pyllm_a100 first``"""
+
+
+class TensorSplitError(PyllmError, ValueError):
+    """``--tensor-split 1x0: the count after x must be at least 1; use e.g. 1x8``"""
+
+
+class ModelError(PyllmError):
+    """A model that cannot be served or loaded as given."""
+
+
+class ModelNotFound(ModelError, FileNotFoundError):
+    """``model ./m.gguf does not exist: give a .gguf file, shard 1 of a set, a folder, ...``"""
+
+
+class AmbiguousModel(ModelError, ValueError):
+    """``./models holds 2 models (a, b): give one of them, e.g. its shard 1 file``"""
+
+
+class NotFirstShard(ModelError, ValueError):
+    """``m-00002-of-00003.gguf is shard 2 of 3: give shard 1 (m-00001-of-00003.gguf)``"""
+
+
+class ShardMissing(ModelError, FileNotFoundError):
+    """``m-00001-of-00003.gguf is part of a 3-shard set but 1 shard(s) are missing: ...``"""
+
+
+class NotAGGUF(ModelError, ValueError):
+    """``m.bin is not a GGUF file (it starts with b'PK..'): convert it ...``"""
+
+
+class TruncatedModel(ModelError, ValueError):
+    """``m.gguf is truncated or corrupt (1234 bytes): download it again``"""
+
+
+class ModelUnreadable(ModelError, PermissionError):
+    """``m.gguf is not readable by this user: fix its permissions``"""
+
+
+class UnknownArchitecture(ModelError, ValueError):
+    """``model architecture 'x' is unknown to this build's llama.cpp: build a newer source``"""

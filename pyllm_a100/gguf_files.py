@@ -1,0 +1,207 @@
+"""GGUF model files and shard sets, checked before llama.cpp ever sees them.
+
+A model is given as a ``.gguf`` file, shard 1 of a set (``NAME-00001-of-00005.gguf``),
+a folder or glob holding one set, or a repo fetched earlier. :func:`resolve_model`
+returns every shard with its size and the architecture, or raises an error that names
+the fix. ``pyllm serve``, ``Llama`` and ``pyllm doctor`` share it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from .errors import (
+    ModelNotFound,
+    ModelUnreadable,
+    NotAGGUF,
+    NotFirstShard,
+    ShardMissing,
+    TruncatedModel,
+    UnknownArchitecture,
+    AmbiguousModel,
+)
+
+SHARD_RE = re.compile(r"^(?P<base>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
+GGUF_MAGIC = b"GGUF"
+
+
+def shard_name(base: str, index: int, count: int) -> str:
+    return f"{base}-{index:05d}-of-{count:05d}.gguf"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFiles:
+    """A checked model: the file to hand llama.cpp (``first``) and every shard."""
+
+    first: Path
+    shards: tuple[Path, ...]
+    sizes: tuple[int, ...]
+    architecture: str
+    metadata: dict[str, Any]
+    tensor_types: dict[str, int]  # GGML type name -> number of tensors
+    tensor_count: int
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def name(self) -> str:
+        match = SHARD_RE.match(self.first.name)
+        return match["base"] if match else self.first.name.removesuffix(".gguf")
+
+
+def _looks_like_glob(text: str) -> bool:
+    return any(ch in text for ch in "*?[")
+
+
+def _group_sets(files: list[Path]) -> dict[str, list[Path]]:
+    sets: dict[str, list[Path]] = {}
+    for f in sorted(files):
+        match = SHARD_RE.match(f.name)
+        key = str(f.parent / match["base"]) if match else str(f)
+        sets.setdefault(key, []).append(f)
+    return sets
+
+
+def _pick_from(candidates: list[Path], spec: str) -> Path:
+    ggufs = [p for p in candidates if p.name.endswith(".gguf") and p.is_file()]
+    if not ggufs:
+        raise ModelNotFound(f"{spec} holds no .gguf file: give a .gguf file, shard 1 of a set, or fetch one with `pyllm fetch`")
+    sets = _group_sets(ggufs)
+    if len(sets) > 1:
+        names = ", ".join(sorted(Path(k).name for k in sets))
+        raise AmbiguousModel(f"{spec} holds {len(sets)} models ({names}): give one of them, e.g. its shard 1 file")
+    (members,) = sets.values()
+    return min(members)
+
+
+def locate(spec: str | os.PathLike[str]) -> Path:
+    """The file a user means: a .gguf, shard 1 in a folder or glob."""
+    text = str(spec)
+    path = Path(text).expanduser()
+    if _looks_like_glob(text) and not path.exists():
+        matches = [Path(p) for p in glob.glob(os.path.expanduser(text))]
+        if not matches:
+            raise ModelNotFound(f"{text} matches no file: check the pattern (quote it so the shell does not expand it)")
+        return _pick_from(matches, text)
+    if path.is_dir():
+        return _pick_from(list(path.iterdir()), text)
+    if not path.exists():
+        raise ModelNotFound(f"model {text} does not exist: give a .gguf file, shard 1 of a set, a folder, or `pyllm models` names")
+    return path
+
+
+def _read_gguf(path: Path) -> Any:
+    from gguf import GGUFReader
+
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except PermissionError as exc:
+        raise ModelUnreadable(f"{path} is not readable by this user ({exc.strerror}): fix its permissions (chmod a+r) or run as its owner") from exc
+    except OSError as exc:
+        raise ModelUnreadable(f"{path} cannot be read ({exc.strerror})") from exc
+    if magic != GGUF_MAGIC:
+        raise NotAGGUF(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'): convert it with llama.cpp's convert_hf_to_gguf.py or fetch the GGUF repo")
+    try:
+        return GGUFReader(path)
+    except (ValueError, IndexError, KeyError, OverflowError) as exc:
+        size = path.stat().st_size
+        raise TruncatedModel(f"{path} is truncated or corrupt ({size} bytes; {exc}): download it again (`pyllm fetch` resumes and verifies)") from exc
+
+
+def _field_value(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    return field.contents()
+
+
+def _scalar_metadata(reader: Any) -> dict[str, Any]:
+    """Every non-array key (arrays such as the vocabulary are skipped: large)."""
+    from gguf import GGUFValueType
+
+    out: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or not field.types or field.types[0] == GGUFValueType.ARRAY:
+            if field.types and field.types[0] == GGUFValueType.ARRAY and len(field.types) > 1 and field.types[1] != GGUFValueType.STRING:
+                out[key] = field.contents()
+            continue
+        out[key] = field.contents()
+    return out
+
+
+def known_architectures() -> list[str] | None:
+    """Architectures the installed llama.cpp build knows, from build_info.json (None if unknown)."""
+    from .native import build_info
+
+    return build_info().get("architectures")
+
+
+def resolve_model(spec: str | os.PathLike[str], *, known_archs: list[str] | None = None) -> ModelFiles:
+    """Check a model before llama.cpp is started: every shard present, readable, whole."""
+    first = locate(spec)
+    match = SHARD_RE.match(first.name)
+    if match:
+        index, count = int(match["index"]), int(match["count"])
+        if index != 1:
+            first_name = shard_name(match["base"], 1, count)
+            raise NotFirstShard(f"{first.name} is shard {index} of {count}: give shard 1 ({first_name}); llama.cpp finds the others beside it")
+        shards = [first.with_name(shard_name(match["base"], i, count)) for i in range(1, count + 1)]
+        missing = [s.name for s in shards if not s.exists()]
+        if missing:
+            raise ShardMissing(
+                f"{first.name} is part of a {count}-shard set but {len(missing)} shard(s) are missing in {first.parent}: "
+                f"{', '.join(missing)}; download them (`pyllm fetch` resumes) or copy the whole set"
+            )
+    else:
+        shards = [first]
+
+    reader = _read_gguf(first)
+    metadata = _scalar_metadata(reader)
+    declared = metadata.get("split.count")
+    if declared is not None and int(declared) != len(shards):
+        raise ShardMissing(f"{first.name} says the model has {declared} shards but its file name says {len(shards)}: the set was renamed or mixed; fetch it again")
+
+    types: dict[str, int] = {}
+    tensor_count = 0
+    sizes = []
+    for i, shard in enumerate(shards):
+        shard_reader = reader if i == 0 else _read_gguf(shard)
+        for tensor in shard_reader.tensors:
+            types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
+            tensor_count += 1
+        sizes.append(shard.stat().st_size)
+        if i > 0:
+            no = _field_value(shard_reader, "split.no")
+            if no is not None and int(no) != i:
+                raise ShardMissing(f"{shard.name} is shard {int(no) + 1} of another ordering: the set is mixed; fetch it again")
+
+    arch = metadata.get("general.architecture")
+    if not arch:
+        raise NotAGGUF(f"{first} has no general.architecture key: it is not a llama.cpp model file")
+    archs = known_archs if known_archs is not None else known_architectures()
+    if archs is not None and arch not in archs:
+        from .native import build_info
+
+        info = build_info()
+        raise UnknownArchitecture(
+            f"model architecture {arch!r} is unknown to this build's llama.cpp ({info.get('llama_cpp_commit')}, "
+            f"{info.get('source')}): the source is older than the model; build from a newer llama.cpp with "
+            "pip install -C cmake.define.PYLLM_LLAMA_CPP_SOURCE=/path/to/llama.cpp -r requirements.txt ."
+        )
+    return ModelFiles(
+        first=first.resolve(),
+        shards=tuple(s.resolve() for s in shards),
+        sizes=tuple(sizes),
+        architecture=str(arch),
+        metadata=metadata,
+        tensor_types=types,
+        tensor_count=tensor_count,
+    )
