@@ -30,7 +30,12 @@ int main(int argc, char ** argv) {
     CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF
     OUTPUT_VARIABLE out)
   if(NOT ok)
-    string(REGEX MATCH "[^\n]*(error|Error)[^\n]*" first_error "${out}")
+    # The most telling line: a missing symbol or header, else the first error.
+    string(REGEX MATCH "[^\n]*(undefined reference|No such file)[^\n]*" first_error "${out}")
+    if(NOT first_error)
+      string(REGEX MATCH "[^\n]*(error|Error)[^\n]*" first_error "${out}")
+    endif()
+    string(STRIP "${first_error}" first_error)
     pyllm_fail("the C++ compiler ${CMAKE_CXX_COMPILER} (${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}) cannot build a C++17 program that uses <filesystem>: ${first_error}"
                "use gcc >= 9 (or clang >= 9): e.g. `conda install -c conda-forge gcc_linux-64=13 gxx_linux-64=13` then CC=$CONDA_PREFIX/bin/x86_64-conda-linux-gnu-gcc CXX=$CONDA_PREFIX/bin/x86_64-conda-linux-gnu-g++ pip install ..., or `scl enable gcc-toolset-13 bash` on RHEL 8.")
   endif()

@@ -53,6 +53,42 @@ def build_info_cmd(as_json: JsonFlag = False) -> None:
         print(f"{key:>12}  {value}")
 
 
+@app.command("synth")
+def synth_cmd(
+    preset: Annotated[str, typer.Argument(help="tiny-llama, tiny-deepseek4, tiny-glm-dsa, deepseek-v4-flash or glm-5.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Model file to write (NAME.gguf).")],
+    layers: Annotated[Optional[int], typer.Option(help="Cut the depth to N layers (real-shape presets).")] = None,
+    weight_type: Annotated[
+        Optional[str], typer.Option("--type", help="f32, f16, bf16, q8_0, q4_0 or ud-q8-k-xl (MXFP4 experts, Q8_0 elsewhere).")
+    ] = None,
+    split_max_size: Annotated[
+        Optional[str], typer.Option(help="Write a shard set NAME-0000k-of-0000N.gguf with shards up to this size (500M, 2G).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Random seed: the same seed gives the same bytes.")] = 0,
+) -> None:
+    """Write a synthetic GGUF model: a real architecture's layout and metadata, random weights."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    from .synth import synthesize
+
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task(f"synth {preset}", total=None)
+        result = synthesize(
+            preset, output, layers=layers, weight_type=weight_type, split_max_size=split_max_size, seed=seed,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    for path in result.paths:
+        print(path)
+    print(
+        f"{result.preset} ({result.weight_type}, {result.layers} layers, {result.n_tensors} tensors): "
+        f"{result.bytes_written / 2**20:.1f} MiB in {len(result.paths)} file(s), "
+        f"{result.seconds:.2f} s, {result.mb_per_s:.0f} MB/s, peak RSS {result.peak_rss / 2**20:.0f} MiB"
+    )
+
+
 @vendor_app.command("pack")
 def vendor_pack(
     output: Annotated[Path, typer.Argument(help="Archive to write, e.g. llama.cpp-src.tar.gz")],

@@ -1,0 +1,652 @@
+"""Synthetic GGUF models: the tensor layout and metadata of real architectures, random weights.
+
+Tiny presets load and generate in seconds on a CPU (tests, the demo); real-shape presets
+(cut in depth with ``layers``) answer "will it fit, how fast will it run" before a
+150 GB download. Files are written tensor by tensor in bounded chunks through the
+``gguf`` package's writer, so memory does not grow with model size, and the same seed
+gives the same bytes. Layouts follow the pinned llama.cpp's loaders
+(``src/models/deepseek4.cpp``, ``glm-dsa.cpp``, ``llama.cpp``) and its converter
+(``conversion/deepseek.py``); values marked ``assumed`` in a preset are not from a
+public config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import resource
+import shutil
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import PyllmError
+from .synth_vocab import PRE_TOKENIZER, build_vocab
+
+WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "ud-q8-k-xl")
+CHUNK_BYTES = 32 << 20  # bytes generated and written at a time
+CHAT_TEMPLATE = "deepseek-ai-DeepSeek-V4.jinja"
+
+
+class SynthError(PyllmError, ValueError):
+    """``unknown preset 'x': choose one of tiny-deepseek4, ...``"""
+
+
+# --- tensor plans -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One tensor: GGUF name, shape in ggml order (``ne[0]`` contiguous), and its role.
+
+    Roles: ``matrix`` (follows the weight type), ``expert`` (routed experts: MXFP4 in the
+    UD-like mix), ``norm`` and ``f32`` (always F32: norms, biases, sinks, hyper-connection
+    and compressor position tensors), ``index`` (I32 hash-routing table).
+    """
+
+    name: str
+    ne: tuple[int, ...]
+    role: str
+
+    @property
+    def n_elements(self) -> int:
+        return math.prod(self.ne)
+
+
+@dataclasses.dataclass
+class Plan:
+    arch: str
+    n_layers: int
+    kv: list[tuple[str, Any, str]]  # key, value, gguf type name ("u32", "f32", "bool", "str", "u32[]", "f32[]")
+    tensors: list[TensorSpec]
+
+    def add(self, key: str, value: Any, kind: str) -> None:
+        self.kv.append((f"{self.arch}.{key}" if not key.startswith(("general.", "tokenizer.")) else key, value, kind))
+
+    def tensor(self, name: str, ne: tuple[int, ...], role: str = "matrix") -> None:
+        self.tensors.append(TensorSpec(name, tuple(int(n) for n in ne), role))
+
+
+def _plan_llama(h: dict, n_layers: int) -> Plan:
+    p = Plan("llama", n_layers, [], [])
+    n_embd, n_head, n_head_kv, n_ff = h["n_embd"], h["n_head"], h["n_head_kv"], h["n_ff"]
+    head = n_embd // n_head
+    p.add("context_length", h["n_ctx"], "u32")
+    p.add("embedding_length", n_embd, "u32")
+    p.add("block_count", n_layers, "u32")
+    p.add("feed_forward_length", n_ff, "u32")
+    p.add("attention.head_count", n_head, "u32")
+    p.add("attention.head_count_kv", n_head_kv, "u32")
+    p.add("attention.layer_norm_rms_epsilon", 1e-5, "f32")
+    p.add("rope.dimension_count", head, "u32")
+    p.add("rope.freq_base", 10000.0, "f32")
+    p.tensor("token_embd.weight", (n_embd, h["n_vocab"]))
+    for i in range(n_layers):
+        b = f"blk.{i}"
+        p.tensor(f"{b}.attn_norm.weight", (n_embd,), "norm")
+        p.tensor(f"{b}.attn_q.weight", (n_embd, n_embd))
+        p.tensor(f"{b}.attn_k.weight", (n_embd, head * n_head_kv))
+        p.tensor(f"{b}.attn_v.weight", (n_embd, head * n_head_kv))
+        p.tensor(f"{b}.attn_output.weight", (n_embd, n_embd))
+        p.tensor(f"{b}.ffn_norm.weight", (n_embd,), "norm")
+        p.tensor(f"{b}.ffn_gate.weight", (n_embd, n_ff))
+        p.tensor(f"{b}.ffn_down.weight", (n_ff, n_embd))
+        p.tensor(f"{b}.ffn_up.weight", (n_embd, n_ff))
+    p.tensor("output_norm.weight", (n_embd,), "norm")
+    p.tensor("output.weight", (n_embd, h["n_vocab"]))
+    return p
+
+
+def deepseek4_compress_ratios(n_layers: int) -> list[int]:
+    """[0, 0] then alternating 4 / 128, as DeepSeek-V4-Flash's config."""
+    return [0 if i < 2 else (4 if i % 2 == 0 else 128) for i in range(n_layers)]
+
+
+def _plan_deepseek4(h: dict, n_layers: int) -> Plan:
+    """As llama_model_deepseek4::load_arch_tensors and DeepseekV4Model.set_gguf_parameters."""
+    p = Plan("deepseek4", n_layers, [], [])
+    n_embd, n_head, head, n_vocab = h["n_embd"], h["n_head"], h["head_dim"], h["n_vocab"]
+    q_lora, o_lora, o_groups = h["q_lora"], h["o_lora"], h["o_groups"]
+    n_expert, n_used, n_shared, n_ff_exp = h["n_expert"], h["n_expert_used"], h["n_expert_shared"], h["n_ff_exp"]
+    hc, idx_heads, idx_dim = h["hc_mult"], h["indexer_heads"], h["indexer_dim"]
+    ratios = h.get("compress_ratios") or deepseek4_compress_ratios(n_layers)
+    ratios = list(ratios)[:n_layers]
+    hash_layers = min(h["hash_layers"], n_layers)
+    hc_dim, hc_mix = hc * n_embd, (2 + hc) * hc
+
+    p.add("context_length", h["n_ctx"], "u32")
+    p.add("embedding_length", n_embd, "u32")
+    p.add("embedding_length_out", n_embd * hc, "u32")
+    p.add("block_count", n_layers, "u32")
+    p.add("attention.head_count", n_head, "u32")
+    p.add("attention.head_count_kv", 1, "u32")
+    p.add("attention.key_length", head, "u32")
+    p.add("attention.value_length", head, "u32")
+    p.add("rope.dimension_count", h["rope_dims"], "u32")
+    p.add("rope.freq_base", h["rope_freq_base"], "f32")
+    p.add("attention.layer_norm_rms_epsilon", h["rms_eps"], "f32")
+    p.add("attention.q_lora_rank", q_lora, "u32")
+    p.add("attention.sliding_window", h["sliding_window"], "u32")
+    p.add("expert_count", n_expert, "u32")
+    p.add("expert_used_count", n_used, "u32")
+    p.add("expert_shared_count", n_shared, "u32")
+    p.add("expert_feed_forward_length", n_ff_exp, "u32")
+    p.add("expert_weights_scale", h["expert_weights_scale"], "f32")
+    p.add("expert_weights_norm", True, "bool")
+    p.add("expert_gating_func", 4, "u32")  # sqrtsoftplus: the only scoring the loader accepts
+    p.add("swiglu_clamp_exp", [h["swiglu_clamp"]] * n_layers, "f32[]")
+    p.add("swiglu_clamp_shexp", [h["swiglu_clamp"]] * n_layers, "f32[]")
+    p.add("attention.indexer.head_count", idx_heads, "u32")
+    p.add("attention.indexer.key_length", idx_dim, "u32")
+    p.add("attention.indexer.top_k", h["indexer_top_k"], "u32")
+    p.add("attention.output_group_count", o_groups, "u32")
+    p.add("attention.output_lora_rank", o_lora, "u32")
+    p.add("attention.compress_ratios", ratios, "u32[]")
+    p.add("attention.compress_rope_freq_base", h["compress_rope_freq_base"], "f32")
+    p.add("hyper_connection.count", hc, "u32")
+    p.add("hyper_connection.sinkhorn_iterations", h["hc_sinkhorn_iters"], "u32")
+    p.add("hyper_connection.epsilon", h["hc_eps"], "f32")
+    p.add("hash_layer_count", hash_layers, "u32")
+
+    p.tensor("token_embd.weight", (n_embd, n_vocab))
+    for i in range(n_layers):
+        b = f"blk.{i}"
+        p.tensor(f"{b}.attn_norm.weight", (n_embd,), "norm")
+        p.tensor(f"{b}.attn_sinks.weight", (n_head,), "f32")
+        p.tensor(f"{b}.attn_q_a.weight", (n_embd, q_lora))
+        p.tensor(f"{b}.attn_q_a_norm.weight", (q_lora,), "norm")
+        p.tensor(f"{b}.attn_q_b.weight", (q_lora, n_head * head))
+        p.tensor(f"{b}.attn_kv.weight", (n_embd, head))
+        p.tensor(f"{b}.attn_kv_a_norm.weight", (head,), "norm")
+        p.tensor(f"{b}.attn_output_a.weight", (n_head * head // o_groups, o_lora * o_groups))
+        p.tensor(f"{b}.attn_output_b.weight", (o_groups * o_lora, n_embd))
+        for part in ("attn", "ffn"):
+            p.tensor(f"{b}.hc_{part}_fn.weight", (hc_dim, hc_mix), "f32")
+            p.tensor(f"{b}.hc_{part}_base.weight", (hc_mix,), "f32")
+            p.tensor(f"{b}.hc_{part}_scale.weight", (3,), "f32")
+        ratio = ratios[i]
+        if ratio:
+            coff = 2 if ratio == 4 else 1
+            p.tensor(f"{b}.attn_compressor_kv.weight", (n_embd, coff * head))
+            p.tensor(f"{b}.attn_compressor_gate.weight", (n_embd, coff * head))
+            p.tensor(f"{b}.attn_compressor_ape.weight", (coff * head, ratio), "f32")
+            p.tensor(f"{b}.attn_compressor_norm.weight", (head,), "norm")
+            if ratio == 4:
+                p.tensor(f"{b}.indexer.proj.weight", (n_embd, idx_heads))
+                p.tensor(f"{b}.indexer.attn_q_b.weight", (q_lora, idx_heads * idx_dim))
+                p.tensor(f"{b}.indexer_compressor_kv.weight", (n_embd, 2 * idx_dim))
+                p.tensor(f"{b}.indexer_compressor_gate.weight", (n_embd, 2 * idx_dim))
+                p.tensor(f"{b}.indexer_compressor_ape.weight", (2 * idx_dim, ratio), "f32")
+                p.tensor(f"{b}.indexer_compressor_norm.weight", (idx_dim,), "norm")
+        p.tensor(f"{b}.ffn_gate_inp.weight", (n_embd, n_expert))
+        if i < hash_layers:
+            p.tensor(f"{b}.ffn_gate_tid2eid.weight", (n_used, n_vocab), "index")
+        else:
+            p.tensor(f"{b}.exp_probs_b.bias", (n_expert,), "f32")
+        p.tensor(f"{b}.ffn_norm.weight", (n_embd,), "norm")
+        p.tensor(f"{b}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), "expert")
+        p.tensor(f"{b}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), "expert")
+        p.tensor(f"{b}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), "expert")
+        p.tensor(f"{b}.ffn_gate_shexp.weight", (n_embd, n_ff_exp * n_shared))
+        p.tensor(f"{b}.ffn_down_shexp.weight", (n_ff_exp * n_shared, n_embd))
+        p.tensor(f"{b}.ffn_up_shexp.weight", (n_embd, n_ff_exp * n_shared))
+    p.tensor("output_hc_fn.weight", (hc_dim, hc), "f32")
+    p.tensor("output_hc_base.weight", (hc,), "f32")
+    p.tensor("output_hc_scale.weight", (1,), "f32")
+    p.tensor("output_norm.weight", (n_embd,), "norm")
+    p.tensor("output.weight", (n_embd, n_vocab))
+    return p
+
+
+def _plan_glm_dsa(h: dict, n_layers: int) -> Plan:
+    """As llama_model_glm_dsa::load_arch_tensors: MLA attention, DSA indexer, dense lead layers."""
+    p = Plan("glm-dsa", n_layers, [], [])
+    n_embd, n_head, n_vocab = h["n_embd"], h["n_head"], h["n_vocab"]
+    q_lora, kv_lora, rope, nope, v_head = h["q_lora"], h["kv_lora"], h["rope_dims"], h["qk_nope"], h["v_head"]
+    n_expert, n_used, n_shared, n_ff_exp, n_ff = h["n_expert"], h["n_expert_used"], h["n_expert_shared"], h["n_ff_exp"], h["n_ff"]
+    idx_heads, idx_dim = h["indexer_heads"], h["indexer_dim"]
+    dense = min(h["leading_dense"], n_layers)
+
+    p.add("context_length", h["n_ctx"], "u32")
+    p.add("embedding_length", n_embd, "u32")
+    p.add("block_count", n_layers, "u32")
+    p.add("feed_forward_length", n_ff, "u32")
+    p.add("leading_dense_block_count", dense, "u32")
+    p.add("attention.head_count", n_head, "u32")
+    p.add("attention.head_count_kv", 1, "u32")
+    p.add("attention.key_length", kv_lora + rope, "u32")
+    p.add("attention.value_length", kv_lora, "u32")
+    p.add("attention.key_length_mla", nope + rope, "u32")
+    p.add("attention.value_length_mla", v_head, "u32")
+    p.add("attention.q_lora_rank", q_lora, "u32")
+    p.add("attention.kv_lora_rank", kv_lora, "u32")
+    p.add("rope.dimension_count", rope, "u32")
+    p.add("rope.freq_base", h["rope_freq_base"], "f32")
+    p.add("attention.layer_norm_rms_epsilon", h["rms_eps"], "f32")
+    p.add("expert_count", n_expert, "u32")
+    p.add("expert_used_count", n_used, "u32")
+    p.add("expert_shared_count", n_shared, "u32")
+    p.add("expert_feed_forward_length", n_ff_exp, "u32")
+    p.add("expert_weights_scale", h["expert_weights_scale"], "f32")
+    p.add("expert_weights_norm", True, "bool")
+    p.add("expert_gating_func", 2, "u32")  # sigmoid
+    p.add("attention.indexer.head_count", idx_heads, "u32")
+    p.add("attention.indexer.key_length", idx_dim, "u32")
+    p.add("attention.indexer.top_k", h["indexer_top_k"], "u32")
+
+    p.tensor("token_embd.weight", (n_embd, n_vocab))
+    for i in range(n_layers):
+        b = f"blk.{i}"
+        p.tensor(f"{b}.attn_norm.weight", (n_embd,), "norm")
+        p.tensor(f"{b}.attn_q_a_norm.weight", (q_lora,), "norm")
+        p.tensor(f"{b}.attn_kv_a_norm.weight", (kv_lora,), "norm")
+        p.tensor(f"{b}.attn_q_a.weight", (n_embd, q_lora))
+        p.tensor(f"{b}.attn_q_b.weight", (q_lora, n_head * (nope + rope)))
+        p.tensor(f"{b}.attn_kv_a_mqa.weight", (n_embd, kv_lora + rope))
+        p.tensor(f"{b}.attn_k_b.weight", (nope, kv_lora, n_head))
+        p.tensor(f"{b}.attn_v_b.weight", (kv_lora, v_head, n_head))
+        p.tensor(f"{b}.attn_output.weight", (n_head * v_head, n_embd))
+        p.tensor(f"{b}.ffn_norm.weight", (n_embd,), "norm")
+        p.tensor(f"{b}.indexer.k_norm.weight", (idx_dim,), "norm")
+        p.tensor(f"{b}.indexer.k_norm.bias", (idx_dim,), "f32")
+        p.tensor(f"{b}.indexer.proj.weight", (n_embd, idx_heads))
+        p.tensor(f"{b}.indexer.attn_k.weight", (n_embd, idx_dim))
+        p.tensor(f"{b}.indexer.attn_q_b.weight", (q_lora, idx_heads * idx_dim))
+        if i < dense:
+            p.tensor(f"{b}.ffn_gate.weight", (n_embd, n_ff))
+            p.tensor(f"{b}.ffn_down.weight", (n_ff, n_embd))
+            p.tensor(f"{b}.ffn_up.weight", (n_embd, n_ff))
+        else:
+            p.tensor(f"{b}.ffn_gate_inp.weight", (n_embd, n_expert))
+            p.tensor(f"{b}.exp_probs_b.bias", (n_expert,), "f32")
+            p.tensor(f"{b}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), "expert")
+            p.tensor(f"{b}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), "expert")
+            p.tensor(f"{b}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), "expert")
+            p.tensor(f"{b}.ffn_gate_shexp.weight", (n_embd, n_ff_exp * n_shared))
+            p.tensor(f"{b}.ffn_down_shexp.weight", (n_ff_exp * n_shared, n_embd))
+            p.tensor(f"{b}.ffn_up_shexp.weight", (n_embd, n_ff_exp * n_shared))
+    p.tensor("output_norm.weight", (n_embd,), "norm")
+    p.tensor("output.weight", (n_embd, n_vocab))
+    return p
+
+
+PLANNERS: dict[str, Callable[[dict, int], Plan]] = {
+    "llama": _plan_llama,
+    "deepseek4": _plan_deepseek4,
+    "glm-dsa": _plan_glm_dsa,
+}
+
+
+# --- presets ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    name: str
+    family: str
+    description: str
+    hparams: dict
+    default_type: str
+    assumed: tuple[str, ...] = ()
+
+    @property
+    def layers(self) -> int:
+        return self.hparams["n_layers"]
+
+
+_TINY_DEEPSEEK4 = dict(
+    # As tests/test-llama-archs.cpp's deepseek4 model (head size 64 so GPU flash attention
+    # kernels apply; a top-k larger than any context keeps CPU and GPU results comparable),
+    # plus one hash-routed layer and 8 experts so routing is exercised.
+    n_layers=4, n_embd=512, n_head=8, head_dim=64, rope_dims=32, n_vocab=1024, n_ctx=4096,
+    q_lora=64, o_lora=32, o_groups=8, n_expert=8, n_expert_used=2, n_expert_shared=1, n_ff_exp=256,
+    hash_layers=1, sliding_window=32, indexer_heads=64, indexer_dim=128, indexer_top_k=131072,
+    hc_mult=4, hc_sinkhorn_iters=2, hc_eps=1e-6, swiglu_clamp=10.0, rms_eps=1e-6,
+    rope_freq_base=10000.0, compress_rope_freq_base=160000.0, expert_weights_scale=1.5,
+    compress_ratios=[0, 0, 4, 128],
+)
+_DEEPSEEK_V4_FLASH = dict(
+    n_layers=43, n_embd=4096, n_head=64, head_dim=512, rope_dims=64, n_vocab=129280, n_ctx=1048576,
+    q_lora=1024, o_lora=1024, o_groups=8, n_expert=256, n_expert_used=6, n_expert_shared=1, n_ff_exp=2048,
+    hash_layers=3, sliding_window=128, indexer_heads=64, indexer_dim=128, indexer_top_k=512,
+    hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, swiglu_clamp=10.0, rms_eps=1e-6,
+    rope_freq_base=10000.0, compress_rope_freq_base=160000.0, expert_weights_scale=1.5,
+)
+_TINY_GLM_DSA = dict(
+    # MLA dimensions as test-llama-archs.cpp's glm-dsa model (576/512 cache rows, 192/128 heads).
+    n_layers=3, n_embd=256, n_head=2, n_vocab=1024, n_ctx=4096, n_ff=384, leading_dense=1,
+    q_lora=512, kv_lora=512, rope_dims=64, qk_nope=128, v_head=128,
+    n_expert=8, n_expert_used=2, n_expert_shared=1, n_ff_exp=192,
+    indexer_heads=64, indexer_dim=128, indexer_top_k=131072,
+    rope_freq_base=10000.0, rms_eps=1e-5, expert_weights_scale=2.5,
+)
+_GLM_5 = dict(
+    n_layers=78, n_embd=6144, n_head=64, n_vocab=154880, n_ctx=202752, n_ff=12288, leading_dense=3,
+    q_lora=2048, kv_lora=512, rope_dims=64, qk_nope=192, v_head=256,
+    n_expert=256, n_expert_used=8, n_expert_shared=1, n_ff_exp=2048,
+    indexer_heads=32, indexer_dim=128, indexer_top_k=2048,
+    rope_freq_base=1000000.0, rms_eps=1e-5, expert_weights_scale=2.5,
+)
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("tiny-llama", "llama", "2-layer llama, 256 wide: the smallest model that chats",
+               dict(n_layers=2, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=1024, n_ctx=4096), "f16"),
+        Preset("tiny-deepseek4", "deepseek4", "4-layer DeepSeek-V4 (CSA/HCA compression, indexer, hyper-connections, hash routing)",
+               _TINY_DEEPSEEK4, "f16"),
+        Preset("tiny-glm-dsa", "glm-dsa", "3-layer GLM-5 (MLA + DSA indexer, 1 dense + 2 MoE layers)", _TINY_GLM_DSA, "f16"),
+        Preset("deepseek-v4-flash", "deepseek4", "DeepSeek-V4-Flash, real dimensions (284B total / 13B active at 43 layers)",
+               _DEEPSEEK_V4_FLASH, "ud-q8-k-xl",
+               assumed=("n_ctx=1048576", "rope_freq_base=10000", "compress_rope_freq_base=160000",
+                        "rms_eps=1e-6", "expert_weights_scale=1.5", "no YaRN rope scaling keys")),
+        Preset("glm-5", "glm-dsa", "GLM-5, real dimensions (744B total / 40B active at 78 layers)", _GLM_5, "ud-q8-k-xl",
+               assumed=("all dimensions recalled from zai-org/GLM-5 config.json, not re-read offline",
+                        "rope_freq_base=1e6", "expert_weights_scale=2.5")),
+    )
+}
+
+
+def preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise SynthError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}") from None
+
+
+def plan(preset_name: str, layers: int | None = None) -> Plan:
+    p = preset(preset_name)
+    n_layers = p.layers if layers is None else layers
+    if not 1 <= n_layers <= 512:
+        raise SynthError(f"--layers {n_layers}: must be between 1 and 512 ({p.name} has {p.layers})")
+    return PLANNERS[p.family](p.hparams, n_layers)
+
+
+# --- weight types and random data -------------------------------------------------------
+
+
+def ggml_type_for(spec: TensorSpec, weight_type: str):
+    """The GGML type a tensor gets under ``weight_type``."""
+    from gguf import GGMLQuantizationType as T
+
+    if spec.role in ("norm", "f32"):
+        return T.F32
+    if spec.role == "index":
+        return T.I32
+    quantizable = spec.ne[0] % 32 == 0
+    if weight_type == "ud-q8-k-xl":
+        if spec.role == "expert" and quantizable:
+            return T.MXFP4
+        return T.Q8_0 if quantizable else T.F16
+    simple = {"f32": T.F32, "f16": T.F16, "bf16": T.BF16}
+    if weight_type in simple:
+        return simple[weight_type]
+    if weight_type in ("q8_0", "q4_0"):
+        return (T.Q8_0 if weight_type == "q8_0" else T.Q4_0) if quantizable else T.F16
+    raise SynthError(f"unknown weight type {weight_type!r}: choose one of {', '.join(WEIGHT_TYPES)}")
+
+
+def _file_type(weight_type: str) -> int:
+    from gguf import LlamaFileType as F
+
+    return {
+        "f32": F.ALL_F32, "f16": F.MOSTLY_F16, "bf16": F.MOSTLY_BF16, "q8_0": F.MOSTLY_Q8_0,
+        "q4_0": F.MOSTLY_Q4_0, "ud-q8-k-xl": F.MOSTLY_MXFP4_MOE,
+    }[weight_type]
+
+
+def tensor_nbytes(spec: TensorSpec, ggml_type) -> int:
+    from gguf import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[ggml_type]
+    return spec.n_elements // block * size
+
+
+def _rng(seed: int, name: str) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, zlib.crc32(name.encode())])))
+
+
+def _stdev(spec: TensorSpec) -> float:
+    # Weight matrices ~ 1/sqrt(fan-in) keep activations near unit scale at any width.
+    return 1.0 / math.sqrt(spec.ne[0]) if spec.role in ("matrix", "expert") else 0.1
+
+
+def _f16_scales(rng: np.random.Generator, n: int, base: float) -> np.ndarray:
+    return (base * rng.uniform(0.5, 1.5, n)).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+
+def _chunks(spec: TensorSpec, ggml_type, seed: int, n_vocab: int, n_expert: int) -> Iterator[bytes]:
+    """The tensor's bytes, in pieces of about CHUNK_BYTES, deterministic in (seed, name)."""
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as T
+
+    rng = _rng(seed, spec.name)
+    std = _stdev(spec)
+    block, block_bytes = GGML_QUANT_SIZES[ggml_type]
+    row_elems = spec.ne[0]
+    rows = spec.n_elements // row_elems
+    row_bytes = row_elems // block * block_bytes
+    rows_per_chunk = max(1, CHUNK_BYTES // max(row_bytes, 1))
+    done = 0
+    while done < rows:
+        n_rows = min(rows_per_chunk, rows - done)
+        n = n_rows * row_elems
+        if ggml_type == T.F32:
+            values = rng.standard_normal(n, dtype=np.float32) * np.float32(std)
+            if spec.role == "norm":
+                values += np.float32(1.0)
+            yield values.tobytes()
+        elif ggml_type == T.F16:
+            yield (rng.standard_normal(n, dtype=np.float32) * np.float32(std)).astype(np.float16).tobytes()
+        elif ggml_type == T.BF16:
+            bits = (rng.standard_normal(n, dtype=np.float32) * np.float32(std)).view(np.uint32)
+            yield (bits >> 16).astype(np.uint16).tobytes()
+        elif ggml_type == T.I32:
+            # tid2eid: n_expert_used distinct experts per token
+            first = rng.integers(0, n_expert, size=n // row_elems, dtype=np.int64)
+            ids = (first[:, None] + np.arange(row_elems)[None, :]) % n_expert
+            yield ids.astype(np.int32).tobytes()
+        else:
+            n_blocks = n // block
+            out = np.frombuffer(rng.bytes(n_blocks * block_bytes), dtype=np.uint8).reshape(n_blocks, block_bytes).copy()
+            if ggml_type == T.Q8_0:  # f16 d, 32 x int8 (uniform: std ~ 74)
+                out[:, :2] = _f16_scales(rng, n_blocks, std / 74.0)
+            elif ggml_type == T.Q4_0:  # f16 d, 32 x 4-bit (q - 8: std ~ 4.6)
+                out[:, :2] = _f16_scales(rng, n_blocks, std / 4.6)
+            elif ggml_type == T.MXFP4:  # e8m0 scale (2^(e-128) in ggml), 32 x e2m1 (doubled: std ~ 5.2)
+                e = 128 + int(round(math.log2(std / 5.2)))
+                out[:, 0] = rng.integers(e - 1, e + 2, n_blocks, dtype=np.int64).astype(np.uint8)
+            else:
+                raise SynthError(f"no random generator for {ggml_type.name}")
+            yield out.tobytes()
+        done += n_rows
+
+
+# --- writing ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SynthResult:
+    paths: tuple[Path, ...]
+    preset: str
+    weight_type: str
+    layers: int
+    n_tensors: int
+    bytes_written: int
+    seconds: float
+    peak_rss: int  # bytes, this process's peak so far
+
+    @property
+    def first(self) -> Path:
+        return self.paths[0]
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_written / 2**20 / max(self.seconds, 1e-9)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int | None) -> int:
+    """``"2G"``, ``"500M"``, ``"64KiB"`` or a number of bytes -> bytes (0: no limit)."""
+    if text is None or text == "":
+        return 0
+    if isinstance(text, int):
+        return text
+    match = _SIZE.match(str(text))
+    if match is None or float(match[1]) <= 0:
+        raise SynthError(f"--split-max-size {text}: not a positive size; use e.g. 500M, 2G or a number of bytes")
+    return int(float(match[1]) * 1024 ** " KMGT".index(match[2].upper() or " "))
+
+
+def _chat_template() -> str | None:
+    from .native import native_dir
+
+    path = native_dir() / "templates" / CHAT_TEMPLATE
+    return path.read_text() if path.is_file() else None
+
+
+def _add_kv(writer, key: str, value: Any, kind: str) -> None:
+    from gguf import GGUFValueType as V
+
+    scalar = {"u32": V.UINT32, "f32": V.FLOAT32, "bool": V.BOOL, "str": V.STRING, "i32": V.INT32}
+    if kind in scalar:
+        writer.add_key_value(key, value, scalar[kind])
+    else:
+        sub = {"u32[]": V.UINT32, "f32[]": V.FLOAT32, "i32[]": V.INT32, "str[]": V.STRING}[kind]
+        writer.add_key_value(key, list(value), V.ARRAY, sub_type=sub)
+
+
+def _stream_tensor(writer, chunks: Iterator[bytes], nbytes: int) -> None:
+    """``GGUFWriter.write_tensor_data`` for one tensor, fed in chunks instead of one array.
+
+    Same bookkeeping as the library method (pop the next tensor info of the current
+    shard, align, write, pad), without holding the tensor in memory.
+    """
+    from gguf.gguf_writer import WriterState
+
+    file_id = next(i for i, tensors in enumerate(writer.tensors) if tensors)
+    fout = writer.fout[file_id]
+    name = next(iter(writer.tensors[file_id]))
+    info = writer.tensors[file_id].pop(name)
+    assert info.nbytes == nbytes, (name, info.nbytes, nbytes)
+    writer.write_padding(fout, fout.tell())
+    written = 0
+    for chunk in chunks:
+        fout.write(chunk)
+        written += len(chunk)
+    if written != nbytes:
+        raise SynthError(f"internal: {name} wrote {written} bytes, planned {nbytes}")
+    writer.write_padding(fout, nbytes)
+    writer.state = WriterState.WEIGHTS
+
+
+def synthesize(
+    preset_name: str,
+    output: str | os.PathLike[str],
+    *,
+    layers: int | None = None,
+    weight_type: str | None = None,
+    split_max_size: str | int | None = None,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> SynthResult:
+    """Write a synthetic model; returns the files (shard 1 first) and throughput.
+
+    ``output`` is the file name (``model.gguf``); with ``split_max_size`` the files are
+    ``model-00001-of-0000N.gguf``... Everything is written in a temporary folder beside
+    the output and moved into place at the end: no half-written model is ever visible.
+    """
+    import gguf
+
+    p = preset(preset_name)
+    wtype = weight_type or p.default_type
+    if wtype not in WEIGHT_TYPES:
+        raise SynthError(f"unknown weight type {wtype!r}: choose one of {', '.join(WEIGHT_TYPES)}")
+    output = Path(output)
+    if output.suffix != ".gguf":
+        raise SynthError(f"{output}: the output name must end in .gguf")
+    if output.is_dir():
+        raise SynthError(f"{output} is a folder: give a file name ending in .gguf")
+    max_size = parse_size(split_max_size)
+    the_plan = plan(preset_name, layers)
+    n_vocab = p.hparams["n_vocab"]
+    vocab = build_vocab(n_vocab)
+    types = {t.name: ggml_type_for(t, wtype) for t in the_plan.tensors}
+    sizes = {t.name: tensor_nbytes(t, types[t.name]) for t in the_plan.tensors}
+    total = sum(sizes.values())
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(output.parent).free
+    if free < total * 1.01 + (64 << 20):
+        raise SynthError(
+            f"{output.parent} has {free / 2**30:.1f} GiB free but the model needs {total / 2**30:.1f} GiB: "
+            "free space, pick another folder, or cut depth with --layers"
+        )
+    work = Path(tempfile.mkdtemp(prefix=f".{output.stem}.synth-", dir=output.parent))
+    started = time.monotonic()
+    try:
+        writer = gguf.GGUFWriter(work / output.name, the_plan.arch, split_max_size=max_size)
+        writer.add_name(f"pyllm-synth {p.name}")
+        writer.add_file_type(int(_file_type(wtype)))
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        writer.add_key_value("pyllm.synthetic", True, gguf.GGUFValueType.BOOL)
+        writer.add_key_value("pyllm.preset", p.name, gguf.GGUFValueType.STRING)
+        writer.add_key_value("pyllm.weight_type", wtype, gguf.GGUFValueType.STRING)
+        writer.add_key_value("pyllm.seed", int(seed), gguf.GGUFValueType.UINT32)
+        for key, value, kind in the_plan.kv:
+            _add_kv(writer, key, value, kind)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(PRE_TOKENIZER)
+        writer.add_token_list(list(vocab.tokens))
+        writer.add_token_types(list(vocab.types))
+        writer.add_token_merges(list(vocab.merges))
+        writer.add_bos_token_id(vocab.bos_id)
+        writer.add_eos_token_id(vocab.eos_id)
+        writer.add_pad_token_id(vocab.pad_id)
+        writer.add_add_bos_token(True)
+        writer.add_add_eos_token(False)
+        template = _chat_template()
+        if template:
+            writer.add_chat_template(template)
+        for t in the_plan.tensors:
+            # numpy order is ggml's reversed; the dtype argument only matters for raw_dtype=None
+            writer.add_tensor_info(t.name, tuple(reversed(t.ne)), np.dtype(np.float32), sizes[t.name], raw_dtype=types[t.name])
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        done = 0
+        n_expert = p.hparams.get("n_expert", 1)
+        for t in the_plan.tensors:
+            _stream_tensor(writer, _chunks(t, types[t.name], seed, n_vocab, n_expert), sizes[t.name])
+            done += sizes[t.name]
+            if progress is not None:
+                progress(done, total)
+        writer.close()
+        written = sorted(work.iterdir())
+        final = []
+        for f in written:
+            target = output.parent / f.name
+            os.replace(f, target)
+            final.append(target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    seconds = time.monotonic() - started
+    return SynthResult(
+        paths=tuple(final),
+        preset=p.name,
+        weight_type=wtype,
+        layers=the_plan.n_layers,
+        n_tensors=len(the_plan.tensors),
+        bytes_written=sum(f.stat().st_size for f in final),
+        seconds=seconds,
+        peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    )
