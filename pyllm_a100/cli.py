@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -25,7 +26,7 @@ vendor_app = typer.Typer(help="The pinned llama.cpp source (offline and intranet
 app.add_typer(vendor_app, name="vendor")
 
 out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 
@@ -87,6 +88,169 @@ def synth_cmd(
         f"{result.bytes_written / 2**20:.1f} MiB in {len(result.paths)} file(s), "
         f"{result.seconds:.2f} s, {result.mb_per_s:.0f} MB/s, peak RSS {result.peak_rss / 2**20:.0f} MiB"
     )
+
+
+def _progress_printer(label: str):
+    """A rich progress bar fed with LoadProgress; returns (context manager, callback)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TextColumn("{task.percentage:>3.0f}%"),
+        TimeRemainingColumn(), TimeElapsedColumn(), console=err, transient=True,
+    )
+    task = bar.add_task(label, total=None)
+
+    def update(p) -> None:
+        phase = {"loading": f"loading {label}", "preparing": "preparing (weights mapped; warming up)", "ready": "ready"}[p.phase]
+        bar.update(task, completed=p.loaded, total=p.total, description=phase)
+
+    return bar, update
+
+
+def _print_ready(url: str, served_name: str, api_key: str | None, key_file: str | None, generated: bool, seconds: float | None) -> None:
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
+    print(f"ready{took}: {url}/v1  (model \"{served_name}\")")
+    auth = ""
+    if api_key and generated:
+        print(f"API key (shown once; stored in {key_file}, mode 0600): {api_key}")
+    if key_file:
+        auth = f" -H \"Authorization: Bearer $(cat {key_file})\""
+    body = json.dumps({"model": served_name, "messages": [{"role": "user", "content": "Hello"}]})
+    print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'")
+    sys.stdout.flush()
+
+
+@app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def serve_cmd(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(help="A .gguf file, shard 1 of a set, or a folder/glob holding one set.")],
+    tensor_split: Annotated[Optional[str], typer.Option(help="How to spread layers over GPUs: 1x8, 3,1, 2x2,1x4.")] = None,
+    split_mode: Annotated[Optional[str], typer.Option(help="layer (default), row, tensor or none.")] = None,
+    ctx_size: Annotated[Optional[int], typer.Option(help="Context length in tokens (default: the model's, at most 16384).")] = None,
+    host: Annotated[str, typer.Option(help="Address to bind; anything but loopback requires an API key.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8080,
+    api_key: Annotated[Optional[str], typer.Option(help="Require this API key (generated for non-loopback hosts).", envvar="PYLLM_API_KEY")] = None,
+    n_gpu_layers: Annotated[Optional[int], typer.Option(help="Layers on GPU (default: all when a GPU is visible).")] = None,
+    parallel: Annotated[Optional[int], typer.Option(help="Request slots served at once.")] = None,
+    cors_origins: Annotated[Optional[str], typer.Option(help="Widen CORS beyond the server's own origin (e.g. '*').")] = None,
+    alias: Annotated[Optional[str], typer.Option(help="Model name clients use (default: the file's).")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Name in pyllm ps/stop/logs (default: MODEL-PORT).")] = None,
+    detach: Annotated[bool, typer.Option(help="Return once ready; a supervisor keeps it running.")] = False,
+    restart: Annotated[Optional[int], typer.Option(help="Restarts after a crash (default: 3 detached, 0 in the foreground).")] = None,
+) -> None:
+    """Run llama-server on MODEL with a progress bar, safe defaults and supervision.
+
+    Extra llama-server flags go after --, e.g. pyllm serve m.gguf -- --no-mmap
+    """
+    from . import service
+
+    request = service.ServeRequest(
+        model=model, host=host, port=port, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
+        tensor_split=tensor_split, split_mode=split_mode, parallel=parallel, cors_origins=cors_origins,
+        alias=alias, extra_args=list(ctx.args), restart=restart if restart is not None else (3 if detach else 0),
+        name=name,
+    )
+    prepared = service.prepare(request, api_key=api_key)
+    key = api_key or prepared.generated_key
+    cfg = prepared.config
+    gpus = f", layers on GPU: {cfg.n_gpu_layers}" if cfg.n_gpu_layers else ", CPU"
+    split = f", tensor split {tensor_split}" if tensor_split else ""
+    err.print(
+        f"serving {cfg.model.first.name} ({cfg.model.architecture}, {len(cfg.model.shards)} file(s), "
+        f"{cfg.model.total_bytes / 2**30:.2f} GiB{gpus}{split}) as {prepared.directory.name}", highlight=False
+    )
+    bar, update = _progress_printer(cfg.model.name)
+    if detach:
+        proc = service.start_detached(prepared)
+        with bar:
+            data = service.wait_detached(prepared, proc, on_progress=update)
+        _print_ready(cfg.public_url, cfg.served_name, key, prepared.request.api_key_file,
+                     prepared.generated_key is not None, (data.get("progress") or {}).get("seconds"))
+        print(f"detached as {prepared.directory.name} (supervisor pid {proc.pid}); pyllm logs {prepared.directory.name} -f; pyllm stop {prepared.directory.name}")
+        return
+
+    def ready(server) -> None:
+        bar.stop()
+        _print_ready(cfg.public_url, cfg.served_name, key, prepared.request.api_key_file,
+                     prepared.generated_key is not None, time.monotonic() - started)
+        print("Ctrl-C stops it.")
+
+    started = time.monotonic()
+    with bar:
+        code = service.run(prepared, on_progress=update, on_ready=ready,
+                           on_event=lambda m: err.print(m, highlight=False, soft_wrap=True))
+    sys.exit(code)
+
+
+@app.command("_supervise", hidden=True)
+def supervise_cmd(directory: Path) -> None:
+    """(internal) Run a detached server described by DIRECTORY/request.json."""
+    from . import service
+
+    sys.exit(service.supervise(directory))
+
+
+@app.command("ps")
+def ps_cmd(as_json: JsonFlag = False) -> None:
+    """Managed servers: name, status, endpoint, model, PIDs. Stale entries are cleaned."""
+    from . import state
+
+    live, stale = state.list_servers()
+    if as_json:
+        print(json.dumps([dict(e.data, name=e.name) for e in live], indent=2))
+        return
+    for name in stale:
+        err.print(f"removed stale entry {name} (its process is gone)")
+    if not live:
+        print("no managed servers")
+        return
+    print(f"{'NAME':<28} {'STATUS':<11} {'URL':<26} {'PID':>7} {'RESTARTS':>8}  MODEL")
+    for e in live:
+        d = e.data
+        print(f"{e.name:<28} {d.get('status', '?'):<11} {d.get('url', ''):<26} {d.get('server_pid') or '-':>7} {d.get('restarts', 0):>8}  {d.get('model', '')}")
+
+
+@app.command("stop")
+def stop_cmd(
+    name: Annotated[Optional[str], typer.Argument(help="Server to stop (see pyllm ps).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Stop every managed server.")] = False,
+) -> None:
+    """Stop a managed server (SIGTERM, then SIGKILL if it does not exit)."""
+    from . import state
+
+    entries = state.list_servers()[0] if all_ else [state.find(name)]
+    if all_ and not entries:
+        print("no managed servers")
+    for entry in entries:
+        state.stop(entry)
+        print(f"stopped {entry.name}")
+
+
+@app.command("logs")
+def logs_cmd(
+    name: Annotated[Optional[str], typer.Argument(help="Server whose log to show (see pyllm ps).")] = None,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new lines.")] = False,
+    lines: Annotated[int, typer.Option("-n", help="Lines from the end to start with.")] = 50,
+) -> None:
+    """Print a managed server's llama-server log."""
+    from . import state
+
+    entry = state.find(name)
+    path = entry.log_path
+    with open(path, "rb") as f:
+        tail = f.read().decode("utf-8", errors="replace").splitlines()[-lines:]
+        for line in tail:
+            print(line)
+        sys.stdout.flush()
+        while follow:
+            chunk = f.read()
+            if chunk:
+                sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+                sys.stdout.flush()
+            elif not entry.alive():
+                break
+            else:
+                time.sleep(0.3)
 
 
 @vendor_app.command("pack")

@@ -13,6 +13,12 @@ PyllmError
 │   ├── TruncatedModel (ValueError)           cut short or corrupt
 │   ├── ModelUnreadable (PermissionError)
 │   └── UnknownArchitecture (ValueError)      the llama.cpp build is older than the model
+└── ServerError (RuntimeError)                a managed llama-server
+    ├── ServerConfigError (ValueError)        bad --ctx-size, --split-mode, ...
+    ├── PortInUse (OSError)
+    ├── ServerDied                            exited; the message explains the log
+    ├── ServerStartTimeout (TimeoutError)
+    └── ServerNotFound (LookupError)          pyllm stop/logs NAME with no such server
 
 The CLI prints any PyllmError as one line and exits 1 (traceback with PYLLM_DEBUG=1).
 """
@@ -70,3 +76,27 @@ class ModelUnreadable(ModelError, PermissionError):
 
 class UnknownArchitecture(ModelError, ValueError):
     """``model architecture 'x' is unknown to this build's llama.cpp: build a newer source``"""
+
+
+class ServerError(PyllmError, RuntimeError):
+    """llama-server could not be started or kept running."""
+
+
+class ServerConfigError(ServerError, ValueError):
+    """``--ctx-size 0: must be a positive number of tokens (e.g. 8192)``"""
+
+
+class PortInUse(ServerError, OSError):
+    """``port 8080 on 127.0.0.1 is already in use by PID 123 (...): pass another --port``"""
+
+
+class ServerDied(ServerError):
+    """``llama-server ran out of GPU memory allocating 12.0 GiB on CUDA0: lower --ctx-size ...``"""
+
+
+class ServerStartTimeout(ServerError, TimeoutError):
+    """``llama-server was not ready after 600 s (last log: ...)``"""
+
+
+class ServerNotFound(ServerError, LookupError):
+    """``no managed server named 'x': see pyllm ps``"""

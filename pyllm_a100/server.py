@@ -1,0 +1,481 @@
+"""The managed llama-server: configuration -> argv, start, load progress, readiness, stop, supervision.
+
+``Server`` is a context manager::
+
+    with Server("model.gguf", tensor_split="1x8") as srv:
+        print(srv.base_url)          # ready: /health answered 200
+
+This llama-server opens its port only after the model is loaded, so while loading,
+liveness and progress come from the process itself (alive, bytes of the model mapped
+or read); readiness is ``/health`` = 200. A child that dies is reported with its exit
+status and the log lines that explain it (:mod:`pyllm_a100.failures`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import ipaddress
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from . import failures
+from .errors import PortInUse, ServerConfigError, ServerDied, ServerStartTimeout
+from .gguf_files import ModelFiles, resolve_model
+from .native import binary, build_info
+from .splits import check_against_devices, parse_tensor_split, to_llama_arg
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 8080
+DEFAULT_CTX = 16384
+SPLIT_MODES = ("layer", "row", "tensor", "none")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _port_owner(port: int) -> str:
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                proc = psutil.Process(conn.pid)
+                return f" by PID {conn.pid} ({' '.join(proc.cmdline()[:3])})"
+    except Exception:  # permissions, races: the owner is a nicety
+        pass
+    return ""
+
+
+@dataclasses.dataclass
+class ServerConfig:
+    """Everything that decides llama-server's command line; :meth:`to_argv` builds it."""
+
+    model: ModelFiles
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    ctx_size: int | None = None  # None: min(model's training context, DEFAULT_CTX)
+    n_gpu_layers: int | None = None  # None: all when CUDA and a GPU are there, else none
+    tensor_split: list[float] | None = None
+    split_mode: str | None = None
+    parallel: int | None = None
+    api_key_file: Path | None = None
+    cors_origins: str | None = None  # None: the server's own origin
+    alias: str | None = None
+    extra_args: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def served_name(self) -> str:
+        return self.alias or self.model.name
+
+    @property
+    def effective_ctx(self) -> int:
+        if self.ctx_size is not None:
+            return self.ctx_size
+        trained = self.model.metadata.get(f"{self.model.architecture}.context_length")
+        return min(int(trained), DEFAULT_CTX) if trained else DEFAULT_CTX
+
+    @property
+    def origin(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def public_url(self) -> str:
+        """What clients on other machines type: the host name when bound to all interfaces."""
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::") else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}"
+
+    def to_argv(self, server_binary: str | os.PathLike[str]) -> list[str]:
+        argv = [
+            str(server_binary),
+            "--model", str(self.model.first),
+            "--host", self.host,
+            "--port", str(self.port),
+            "--ctx-size", str(self.effective_ctx),
+            "--alias", self.served_name,
+            "--cors-origins", self.cors_origins or self.origin,
+        ]
+        if self.n_gpu_layers is not None:
+            argv += ["--n-gpu-layers", str(self.n_gpu_layers)]
+        if self.tensor_split is not None:
+            argv += ["--tensor-split", to_llama_arg(self.tensor_split)]
+        if self.split_mode is not None:
+            argv += ["--split-mode", self.split_mode]
+        if self.parallel is not None:
+            argv += ["--parallel", str(self.parallel)]
+        if self.api_key_file is not None:
+            argv += ["--api-key-file", str(self.api_key_file)]
+        return argv + list(self.extra_args)
+
+
+def default_gpu_layers() -> int | None:
+    """``999`` (all layers) when this build has CUDA and a GPU is visible, else None (CPU)."""
+    if not build_info().get("cuda"):
+        return None
+    from .gpus import visible_gpus
+
+    return 999 if visible_gpus() else None
+
+
+def make_config(
+    model: str | os.PathLike[str] | ModelFiles,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = DEFAULT_PORT,
+    ctx_size: int | None = None,
+    n_gpu_layers: int | None = None,
+    tensor_split: str | Sequence[float] | None = None,
+    split_mode: str | None = None,
+    parallel: int | None = None,
+    api_key_file: str | os.PathLike[str] | None = None,
+    cors_origins: str | None = None,
+    alias: str | None = None,
+    extra_args: Sequence[str] = (),
+    require_api_key: bool = True,
+) -> ServerConfig:
+    """Validate every input before anything starts; raise one clear error per mistake."""
+    files = model if isinstance(model, ModelFiles) else resolve_model(model)
+    if ctx_size is not None and ctx_size < 1:
+        raise ServerConfigError(f"--ctx-size {ctx_size}: must be a positive number of tokens (e.g. 8192)")
+    if parallel is not None and parallel < 1:
+        raise ServerConfigError(f"--parallel {parallel}: must be at least 1")
+    if split_mode is not None and split_mode not in SPLIT_MODES:
+        raise ServerConfigError(f"--split-mode {split_mode}: choose one of {', '.join(SPLIT_MODES)}")
+    if split_mode == "tensor" and files.architecture == "deepseek4":
+        raise ServerConfigError("--split-mode tensor does not support deepseek4 in this llama.cpp: use layer (the default) or row")
+    if port is None or port == 0:
+        port = free_port(host if is_loopback(host) else "0.0.0.0")
+    if not 1 <= port <= 65535:
+        raise ServerConfigError(f"--port {port}: must be between 1 and 65535")
+    if port_in_use(host, port):
+        raise PortInUse(f"port {port} on {host} is already in use{_port_owner(port)}: pass another --port, or stop that server (pyllm ps / pyllm stop)")
+    parts = None
+    if tensor_split is not None:
+        parts = parse_tensor_split(tensor_split)
+        from .gpus import visible_gpus
+
+        check_against_devices(parts, len(visible_gpus()), text=str(tensor_split))
+    if n_gpu_layers is None:
+        n_gpu_layers = default_gpu_layers()
+    if api_key_file is not None and not Path(api_key_file).is_file():
+        raise ServerConfigError(f"API key file {api_key_file} does not exist")
+    if require_api_key and not is_loopback(host) and api_key_file is None:
+        raise ServerConfigError(f"--host {host} is reachable from the network: give an API key (Server(api_key=...) or pyllm serve generates one)")
+    return ServerConfig(
+        model=files, host=host, port=port, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers, tensor_split=parts,
+        split_mode=split_mode, parallel=parallel, api_key_file=Path(api_key_file) if api_key_file else None,
+        cors_origins=cors_origins, alias=alias, extra_args=list(extra_args),
+    )
+
+
+# --- the process -------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL when the parent dies (even by SIGKILL)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadProgress:
+    phase: str  # "loading" (model bytes coming in), "preparing" (all mapped, not ready yet), "ready"
+    loaded: int  # bytes of the model read or mapped so far
+    total: int
+    seconds: float
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.loaded / self.total) if self.total else 0.0
+
+
+def _process_bytes(pid: int) -> int:
+    """Bytes of files this process has mapped (RssFile) or read (rchar, read_bytes), whichever is most.
+
+    With mmap (llama.cpp's default) the model's pages become resident as they are
+    touched, whether they came from disk or the page cache; with --no-mmap they are read().
+    """
+    best = 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            match = re.search(r"RssFile:\s+(\d+) kB", f.read())
+            if match:
+                best = int(match[1]) * 1024
+    except OSError:
+        return 0
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("rchar", "read_bytes"):
+                    best = max(best, int(value))
+    except OSError:
+        pass
+    return best
+
+
+class Server:
+    """A llama-server child process: start, wait until ready, stop; optional supervision."""
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | ModelFiles | None = None,
+        *,
+        config: ServerConfig | None = None,
+        api_key: str | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        ready_timeout: float | None = None,
+        restart: int = 0,
+        on_progress: Callable[[LoadProgress], None] | None = None,
+        on_event: Callable[[str], None] | None = None,
+        env: dict[str, str] | None = None,
+        **options: Any,
+    ) -> None:
+        if config is None:
+            if model is None:
+                raise ServerConfigError("Server needs a model (a .gguf file, shard 1 of a set, or a folder)")
+            if api_key is not None and "api_key_file" not in options:
+                options["api_key_file"] = self._write_key_file(api_key, log_path)
+            config = make_config(model, **options)
+        self.config = config
+        self.api_key = api_key
+        self.log_path = Path(log_path) if log_path else None
+        self.ready_timeout = ready_timeout
+        self.restart = restart
+        self.on_progress = on_progress
+        self.on_event = on_event or (lambda message: log.info("%s", message))
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self.status = "starting"  # starting -> ready -> (restarting -> ready)* -> failed | stopped
+        self.last_exit: str | None = None
+        self._log_file: IO[bytes] | None = None
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.argv = config.to_argv(binary("llama-server"))
+
+    @staticmethod
+    def _write_key_file(api_key: str, log_path: str | os.PathLike[str] | None) -> Path:
+        import tempfile
+
+        directory = Path(log_path).parent if log_path else Path(tempfile.mkdtemp(prefix="pyllm-key-"))
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / "api_key"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(api_key + "\n")
+        return path
+
+    # -- addresses
+
+    @property
+    def host_for_clients(self) -> str:
+        host = self.config.host
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        return f"[{host}]" if ":" in host else host
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host_for_clients}:{self.config.port}"
+
+    @property
+    def openai_base_url(self) -> str:
+        return self.base_url + "/v1"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    # -- lifecycle
+
+    def __enter__(self) -> Server:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> Server:
+        """Start llama-server and wait until /health answers 200 (or raise why not)."""
+        self._spawn()
+        self.wait_ready()
+        self.status = "ready"
+        if self.restart > 0 and self._supervisor is None:
+            self._supervisor = threading.Thread(target=self._supervise, name="pyllm-supervisor", daemon=True)
+            self._supervisor.start()
+        return self
+
+    def _spawn(self) -> None:
+        env = dict(self.env if self.env is not None else os.environ)
+        env.setdefault("CUDA_CACHE_MAXSIZE", "4294967296")  # keep JIT-compiled PTX between runs
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log_file = open(self.log_path, "ab", buffering=0)
+        else:
+            import tempfile
+
+            self._log_file = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
+            self.log_path = Path(self._log_file.name)
+        header = f"\n=== pyllm-a100: starting llama-server: {' '.join(self.argv)}\n".encode()
+        self._log_file.write(header)
+        self._log_file.flush()
+        self._log_start = self._log_file.tell()
+        self.proc = subprocess.Popen(
+            self.argv, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
+            env=env, preexec_fn=_die_with_parent, close_fds=True,
+        )
+        self._log_file.write(f"=== pyllm-a100: llama-server pid {self.proc.pid}\n".encode())
+        self._started_at = time.monotonic()
+        self.on_event(f"started llama-server (pid {self.proc.pid}), log {self.log_path}")
+
+    def log_text(self, since_start: bool = True) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            if since_start:
+                f.seek(getattr(self, "_log_start", 0))
+            return f.read().decode("utf-8", errors="replace")
+
+    def _died(self) -> ServerDied:
+        assert self.proc is not None
+        code = self.proc.returncode
+        return ServerDied(failures.explain(self.log_text(), code, self.config, log_path=self.log_path))
+
+    def healthy(self, timeout: float = 2.0) -> bool:
+        try:
+            return httpx.get(self.base_url + "/health", timeout=timeout).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None
+        total = self.config.model.total_bytes
+        best = 0
+        deadline = None if self.ready_timeout is None else time.monotonic() + self.ready_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise self._died()
+            if self.healthy(timeout=1.0):
+                if self.on_progress:
+                    self.on_progress(LoadProgress("ready", total, total, time.monotonic() - self._started_at))
+                return
+            best = max(best, _process_bytes(self.proc.pid))
+            if self.on_progress:
+                phase = "loading" if best < total * 0.98 else "preparing"
+                self.on_progress(LoadProgress(phase, min(best, total), total, time.monotonic() - self._started_at))
+            if deadline is not None and time.monotonic() > deadline:
+                tail = failures.tail(self.log_text(), 3)
+                self.stop()
+                raise ServerStartTimeout(f"llama-server was not ready after {self.ready_timeout:.0f} s (last log: {tail}); see {self.log_path}")
+            time.sleep(0.25)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """TERM, bounded wait, KILL, bounded wait. Safe to call twice."""
+        self._stopping.set()
+        if self.status != "failed":
+            self.status = "stopped"
+        with self._lock:
+            proc = self.proc
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=5)
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(timeout=5)
+
+    def wait(self) -> int:
+        """Block until the server ends for good (supervision included); its exit status."""
+        while True:
+            if self._supervisor is not None and self._supervisor.is_alive():
+                self._supervisor.join(timeout=0.5)
+                continue
+            assert self.proc is not None
+            code = self.proc.wait()
+            if self._supervisor is not None and self._supervisor.is_alive():
+                continue
+            return code
+
+    # -- supervision
+
+    def _supervise(self) -> None:
+        """Restart llama-server when it dies after being ready, with backoff, up to ``restart`` times."""
+        while not self._stopping.is_set():
+            assert self.proc is not None
+            code = self.proc.poll()
+            if code is None:
+                self._stopping.wait(0.2)
+                continue
+            if self._stopping.is_set():
+                return
+            reason = failures.explain(self.log_text(), code, self.config, log_path=self.log_path)
+            self.last_exit = reason
+            if self.restarts >= self.restart:
+                self.status = "failed"
+                self.on_event(f"llama-server died ({reason}); not restarting: {self.restart} restart(s) used")
+                return
+            delay = min(30.0, 1.0 * 2**self.restarts)
+            self.restarts += 1
+            self.status = "restarting"
+            self.on_event(f"llama-server died ({reason}); restart {self.restarts}/{self.restart} in {delay:.0f} s")
+            if self._stopping.wait(delay):
+                return
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                if self._log_file is not None:
+                    self._log_file.close()
+                self._spawn()
+            try:
+                self.wait_ready()
+                self.status = "ready"
+                self.on_event(f"llama-server ready again (pid {self.proc.pid})")
+            except ServerDied as exc:
+                self.on_event(f"restart failed: {exc}")

@@ -1,0 +1,214 @@
+"""`pyllm serve` as a library: one managed server with its state folder, foreground or detached.
+
+Foreground: this process owns llama-server (it dies with us, even on SIGKILL) and stops
+it on SIGINT/SIGTERM. Detached: a new session runs ``pyllm _supervise DIR`` which owns
+llama-server the same way and restarts it when it dies; the caller returns once ready.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from . import state
+from .errors import ServerDied, ServerError
+from .server import LoadProgress, Server, ServerConfig, is_loopback, make_config
+
+REQUEST = "request.json"
+
+
+@dataclasses.dataclass
+class ServeRequest:
+    """What `pyllm serve` was asked; JSON-serialisable so a detached supervisor can run it."""
+
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8080
+    ctx_size: int | None = None
+    n_gpu_layers: int | None = None
+    tensor_split: str | None = None
+    split_mode: str | None = None
+    parallel: int | None = None
+    cors_origins: str | None = None
+    alias: str | None = None
+    extra_args: list[str] = dataclasses.field(default_factory=list)
+    restart: int = 0
+    name: str | None = None
+    api_key_file: str | None = None
+
+
+@dataclasses.dataclass
+class Prepared:
+    request: ServeRequest
+    config: ServerConfig
+    directory: Path
+    generated_key: str | None  # shown once to the user, never again
+
+
+def prepare(request: ServeRequest, api_key: str | None = None) -> Prepared:
+    """Validate everything and create the state folder (with the API key file if any)."""
+    # Validate before touching disk: a bad model or port must leave nothing behind.
+    probe = make_config(
+        request.model, host=request.host, port=request.port, ctx_size=request.ctx_size,
+        n_gpu_layers=request.n_gpu_layers, tensor_split=request.tensor_split, split_mode=request.split_mode,
+        parallel=request.parallel, cors_origins=request.cors_origins, alias=request.alias,
+        extra_args=request.extra_args, api_key_file=request.api_key_file, require_api_key=False,
+    )
+    directory = state.new_server_dir(request.name or f"{probe.model.name}-{probe.port}")
+    generated = None
+    if api_key is None and request.api_key_file is None and not is_loopback(request.host):
+        api_key = generated = secrets.token_urlsafe(32)
+    if api_key is not None:
+        request.api_key_file = str(state.write_secret(directory / "api_key", api_key))
+    request.port = probe.port
+    request.name = directory.name
+    config = dataclasses.replace(probe, api_key_file=Path(request.api_key_file) if request.api_key_file else None)
+    return Prepared(request, config, directory, generated)
+
+
+def _state_record(prepared: Prepared, server: Server | None, status: str, **extra: Any) -> dict[str, Any]:
+    me = psutil.Process()
+    return {
+        "name": prepared.directory.name,
+        "status": status,
+        "supervisor_pid": me.pid,
+        "started_at": me.create_time(),
+        "server_pid": server.pid if server else None,
+        "host": prepared.config.host,
+        "port": prepared.config.port,
+        "url": prepared.config.public_url,
+        "model": str(prepared.config.model.first),
+        "served_name": prepared.config.served_name,
+        "api_key_file": prepared.request.api_key_file,
+        "restart_limit": prepared.request.restart,
+        "restarts": server.restarts if server else 0,
+        "log": str(prepared.directory / "server.log"),
+        **extra,
+    }
+
+
+class _Terminate(Exception):
+    pass
+
+
+def run(
+    prepared: Prepared,
+    *,
+    on_progress: Callable[[LoadProgress], None] | None = None,
+    on_event: Callable[[str], None] | None = None,
+    on_ready: Callable[[Server], None] | None = None,
+) -> int:
+    """Run the server until it ends or we are told to stop (SIGINT/SIGTERM); exit status for the CLI."""
+    directory = prepared.directory
+    last_saved = [0.0]
+    server: Server | None = None
+
+    def progress(p: LoadProgress) -> None:
+        now = time.monotonic()
+        if p.phase == "ready" or now - last_saved[0] > 0.5:
+            last_saved[0] = now
+            state.save(directory, _state_record(prepared, server, "loading" if p.phase != "ready" else "ready",
+                                                progress={"phase": p.phase, "loaded": p.loaded, "total": p.total, "seconds": p.seconds}))
+        if on_progress:
+            on_progress(p)
+
+    def event(message: str) -> None:
+        with open(directory / "events.log", "a") as f:
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+        if server is not None and server.status in ("ready", "restarting", "failed"):
+            state.save(directory, _state_record(prepared, server, server.status, last_exit=server.last_exit))
+        if on_event:
+            on_event(message)
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise _Terminate()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    server = Server(config=prepared.config, log_path=directory / "server.log", restart=prepared.request.restart,
+                    on_progress=progress, on_event=event)
+    state.save(directory, _state_record(prepared, server, "starting"))
+    try:
+        server.start()
+        state.save(directory, _state_record(prepared, server, "ready"))
+        if on_ready:
+            on_ready(server)
+        code = server.wait()
+        reason = server.last_exit or f"exit status {code}"
+        state.save(directory, _state_record(prepared, server, "failed", error=reason))
+        raise ServerDied(reason)
+    except ServerError as exc:
+        state.save(directory, _state_record(prepared, server, "failed", error=str(exc)))
+        raise
+    except (KeyboardInterrupt, _Terminate):
+        return 0
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
+        if (directory / state.STATE).exists():
+            data = json.loads((directory / state.STATE).read_text())
+            if data.get("status") != "failed":
+                (directory / state.STATE).unlink()
+
+
+def start_detached(prepared: Prepared) -> subprocess.Popen[bytes]:
+    """Start ``pyllm _supervise DIR`` in its own session; it outlives this process."""
+    (prepared.directory / REQUEST).write_text(json.dumps(dataclasses.asdict(prepared.request), indent=2))
+    with open(prepared.directory / "supervisor.log", "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "pyllm_a100.cli", "_supervise", str(prepared.directory)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd="/",
+        )
+
+
+def wait_detached(prepared: Prepared, proc: subprocess.Popen[bytes], on_progress: Callable[[LoadProgress], None] | None = None) -> dict[str, Any]:
+    """Follow the supervisor's state.json until ready (return it) or failed (raise)."""
+    path = prepared.directory / state.STATE
+    while True:
+        data: dict[str, Any] = {}
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
+        status = data.get("status")
+        if data.get("supervisor_pid") == proc.pid:
+            if status == "ready":
+                return data
+            if status == "failed":
+                raise ServerDied(data.get("error", "llama-server failed"))
+            if on_progress and data.get("progress"):
+                p = data["progress"]
+                on_progress(LoadProgress(p["phase"], p["loaded"], p["total"], p["seconds"]))
+        code = proc.poll()
+        if code is not None:
+            tail = (prepared.directory / "supervisor.log").read_text(errors="replace").strip().splitlines()[-1:] if (prepared.directory / "supervisor.log").exists() else []
+            raise ServerDied(f"the detached supervisor exited ({code}) before the server was ready: {' '.join(tail)}")
+        time.sleep(0.25)
+
+
+def supervise(directory: Path) -> int:
+    """Entry point of the detached supervisor (``pyllm _supervise DIR``)."""
+    request = ServeRequest(**json.loads((directory / REQUEST).read_text()))
+    config = make_config(
+        request.model, host=request.host, port=request.port, ctx_size=request.ctx_size,
+        n_gpu_layers=request.n_gpu_layers, tensor_split=request.tensor_split, split_mode=request.split_mode,
+        parallel=request.parallel, cors_origins=request.cors_origins, alias=request.alias,
+        extra_args=request.extra_args, api_key_file=request.api_key_file,
+    )
+    prepared = Prepared(request, config, directory, None)
+    try:
+        return run(prepared, on_event=lambda m: print(m, flush=True))
+    except ServerError as exc:
+        print(f"error: {exc}", flush=True)
+        return 1
