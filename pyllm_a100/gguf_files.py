@@ -83,7 +83,16 @@ def _pick_from(candidates: list[Path], spec: str) -> Path:
 
 def locate(spec: str | os.PathLike[str]) -> Path:
     """The file a user means: a .gguf, shard 1 in a folder or glob."""
-    text = str(spec)
+    try:
+        return _locate(str(spec))
+    except PermissionError as exc:
+        raise ModelUnreadable(
+            f"{spec} is not readable by this user ({exc.strerror}: {exc.filename}): fix the permissions of the file "
+            "and its folders (chmod a+r FILE, a+x on each folder) or run as their owner"
+        ) from exc
+
+
+def _locate(text: str) -> Path:
     path = Path(text).expanduser()
     if _looks_like_glob(text) and not path.exists():
         matches = [Path(p) for p in glob.glob(os.path.expanduser(text))]

@@ -55,3 +55,48 @@ def info() -> dict:
     from pyllm_a100 import build_info
 
     return build_info()
+
+
+@pytest.fixture(autouse=True)
+def pyllm_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test gets its own PYLLM_HOME: servers, logs and keys never leak between tests."""
+    home = tmp_path_factory.mktemp("pyllm-home")
+    monkeypatch.setenv("PYLLM_HOME", str(home))
+    return home
+
+
+TINY_PRESETS = ("tiny-llama", "tiny-deepseek4", "tiny-glm-dsa")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One synthetic model per tiny preset, written once per session (seed 42)."""
+    from pyllm_a100.synth import synthesize
+
+    root = tmp_path_factory.mktemp("models")
+    return {name: synthesize(name, root / f"{name}.gguf", seed=42).first for name in TINY_PRESETS}
+
+
+@pytest.fixture(scope="session")
+def tiny_deepseek4(tiny_models: dict[str, Path]) -> Path:
+    return tiny_models["tiny-deepseek4"]
+
+
+@pytest.fixture
+def servers():
+    """Start managed servers with servers.start(model, **options); all are stopped after the test."""
+    from pyllm_a100 import Server
+
+    started: list[Server] = []
+
+    class Starter:
+        def start(self, model, **options) -> Server:
+            options.setdefault("port", 0)
+            options.setdefault("ready_timeout", 300)
+            server = Server(model, **options)
+            started.append(server)
+            return server.start()
+
+    yield Starter()
+    for server in started:
+        server.stop()

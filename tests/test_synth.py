@@ -1,0 +1,174 @@
+"""Synthetic models: loadable by the real llama.cpp, reproducible, sharded, real-shape layouts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import gguf
+import pytest
+
+from pyllm_a100 import synth
+from pyllm_a100.gguf_files import resolve_model
+
+from conftest import TINY_PRESETS, run_pyllm
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
+    a = synth.synthesize("tiny-deepseek4", tmp_path / "a.gguf", seed=7).first
+    b = synth.synthesize("tiny-deepseek4", tmp_path / "b.gguf", seed=7).first
+    c = synth.synthesize("tiny-deepseek4", tmp_path / "c.gguf", seed=8).first
+    assert sha256(a) == sha256(b)
+    assert sha256(a) != sha256(c) and a.stat().st_size == c.stat().st_size
+
+
+@pytest.mark.parametrize("weight_type", synth.WEIGHT_TYPES)
+def test_every_weight_type_writes_finite_values_and_loads(weight_type: str, tmp_path: Path) -> None:
+    from pyllm_a100 import Llama
+
+    path = synth.synthesize("tiny-deepseek4", tmp_path / "m.gguf", weight_type=weight_type, seed=1).first
+    reader = gguf.GGUFReader(path)
+    from gguf.quants import dequantize
+
+    for tensor in reader.tensors:
+        if tensor.tensor_type.name in ("I32",):
+            continue
+        values = dequantize(tensor.data, tensor.tensor_type)
+        assert values.size and bool(abs(values).max() < 1e4) and not (values != values).any(), tensor.name
+    expected = {"ud-q8-k-xl": {"MXFP4", "Q8_0", "F32", "I32"}, "q8_0": {"Q8_0", "F32", "I32"},
+                "q4_0": {"Q4_0", "F32", "I32"}, "f16": {"F16", "F32", "I32"}, "bf16": {"BF16", "F32", "I32"},
+                "f32": {"F32", "I32"}}[weight_type]
+    assert {t.tensor_type.name for t in reader.tensors} == expected
+    llm = Llama(path, n_ctx=128, verbose=False)
+    try:
+        assert len("".join(llm.generate("Hi", max_tokens=3, temperature=0))) >= 0
+        assert llm.n_tokens > 1
+    finally:
+        llm.close()
+
+
+def test_ud_mix_puts_experts_in_mxfp4_and_norms_and_hyper_connections_in_f32() -> None:
+    the_plan = synth.plan("deepseek-v4-flash", 4)
+    types = {t.name: synth.ggml_type_for(t, "ud-q8-k-xl").name for t in the_plan.tensors}
+    assert types["blk.3.ffn_down_exps.weight"] == "MXFP4"
+    assert types["blk.3.attn_q_b.weight"] == "Q8_0"
+    assert types["blk.3.attn_norm.weight"] == "F32" and types["blk.3.hc_ffn_fn.weight"] == "F32"
+    assert types["blk.0.ffn_gate_tid2eid.weight"] == "I32"
+
+
+def test_utf8_text_round_trips_through_the_synthetic_tokenizer(tiny_models: dict[str, Path]) -> None:
+    from pyllm_a100 import Llama
+
+    llm = Llama(tiny_models["tiny-llama"], vocab_only=True)
+    try:
+        for text in ["Hello, world!", "Grüße aus Zürich", "你好，世界", "emoji 🚀🙂", "mixed ünï 世 🚀 code\n\tdef f(): pass"]:
+            tokens = llm.tokenize(text.encode(), add_bos=False, special=False)
+            assert llm.detokenize(tokens).decode() == text
+        # learned merges make common words single tokens, as a real BPE does
+        assert len(llm.tokenize(b" the", add_bos=False)) == 1
+        special = llm.tokenize("<｜User｜>hi<｜Assistant｜>".encode(), add_bos=False, special=True)
+        assert len(special) <= 4
+    finally:
+        llm.close()
+
+
+def test_three_shard_set_has_split_keys_and_loads_from_shard_one(tmp_path: Path) -> None:
+    from pyllm_a100 import Llama
+
+    result = synth.synthesize("tiny-deepseek4", tmp_path / "tiny.gguf", split_max_size="12M", seed=42)
+    assert [p.name for p in result.paths] == [f"tiny-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    for i, path in enumerate(result.paths):
+        fields = gguf.GGUFReader(path).fields
+        assert fields["split.no"].contents() == i and fields["split.count"].contents() == 3
+    files = resolve_model(tmp_path)  # the folder: shard 1 is chosen
+    assert files.first == result.paths[0] and len(files.shards) == 3 and files.total_bytes == result.bytes_written
+    llm = Llama(tmp_path, n_ctx=128)
+    try:
+        assert llm.n_vocab() == 1024 and list(llm.generate("Hi", max_tokens=2, temperature=0)) is not None
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["no-such-preset", "-o", "x.gguf"], "unknown preset 'no-such-preset'"),
+        (["tiny-llama", "-o", "x.gguf", "--type", "q3_k"], "unknown weight type 'q3_k'"),
+        (["tiny-llama", "-o", "x.gguf", "--layers", "0"], "--layers 0: must be between 1 and 512"),
+        (["tiny-llama", "-o", "x.gguf", "--split-max-size", "lots"], "not a positive size"),
+        (["tiny-llama", "-o", "x.bin"], "must end in .gguf"),
+    ],
+)
+def test_bad_synth_input_is_one_line_and_writes_nothing(args: list[str], message: str, tmp_path: Path) -> None:
+    args = [str(tmp_path / a) if a.endswith((".gguf", ".bin")) else a for a in args]
+    result = run_pyllm("synth", *args)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and message in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# DeepSeek-V4-Flash from its public config, written out here independently of synth.py's plans.
+V4 = dict(hidden=4096, heads=64, head_dim=512, q_lora=1024, o_lora=1024, o_groups=8, experts=256, used=6,
+          expert_ff=2048, vocab=129280, hc=4, idx_heads=64, idx_dim=128)
+
+
+def expected_v4_layer_tensors(ratio: int, hash_layer: bool) -> int:
+    attention = 9  # norm, sinks, q_a, q_a_norm, q_b, kv, kv_norm, out_a, out_b
+    hyper = 6  # fn/base/scale for attention and ffn
+    compressor = {0: 0, 4: 4 + 6, 128: 4}[ratio]  # kv, gate, ape, norm (+ indexer: proj, q_b, kv, gate, ape, norm)
+    moe = 3 + 3 + 1 + 1 + 1  # routed experts, shared expert, router, norm, tid2eid or bias
+    return attention + hyper + compressor + moe
+
+
+def test_v4_flash_plan_matches_the_real_layout_per_layer() -> None:
+    the_plan = synth.plan("deepseek-v4-flash")
+    per_layer: dict[int, list] = {}
+    for t in the_plan.tensors:
+        m = re.match(r"blk\.(\d+)\.", t.name)
+        if m:
+            per_layer.setdefault(int(m[1]), []).append(t)
+    assert len(per_layer) == 43
+    ratios = synth.deepseek4_compress_ratios(43)
+    assert ratios[:4] == [0, 0, 4, 128] and ratios[-1] == 4
+    for i, tensors in per_layer.items():
+        assert len(tensors) == expected_v4_layer_tensors(ratios[i], i < 3), i
+    sizes = {t.name: synth.tensor_nbytes(t, synth.ggml_type_for(t, "ud-q8-k-xl")) for t in the_plan.tensors}
+    experts = 3 * V4["experts"] * V4["expert_ff"] * V4["hidden"] * 17 // 32  # MXFP4: 17 bytes / 32 weights
+    assert sum(v for k, v in sizes.items() if k.startswith("blk.10.") and "_exps" in k) == experts
+    total = sum(sizes.values())
+    assert 140e9 < total < 170e9, f"{total / 1e9:.1f} GB: the UD-Q8_K_XL set is ~150 GB"
+
+
+@pytest.mark.build
+def test_v4_flash_one_layer_is_written_with_bounded_memory_and_llama_cpp_produces_a_token(tmp_path: Path, servers) -> None:
+    """4.5 GB written through the CLI (peak RSS and MB/s reported), then served on the CPU."""
+    result = run_pyllm("synth", "deepseek-v4-flash", "--layers", "1", "-o", str(tmp_path / "v4.gguf"), timeout=1800)
+    assert result.returncode == 0, result.stderr
+    m = re.search(r"([\d.]+) MiB in 1 file\(s\), [\d.]+ s, (\d+) MB/s, peak RSS (\d+) MiB", result.stdout)
+    assert m, result.stdout
+    size_mib, peak_mib = float(m[1]), int(m[3])
+    assert size_mib > 4000 and peak_mib < 600, result.stdout
+    model = tmp_path / "v4.gguf"
+    reader = gguf.GGUFReader(model)
+    names = [t.name for t in reader.tensors]
+    assert sum(n.startswith("blk.0.") for n in names) == expected_v4_layer_tensors(0, True)
+    experts = next(t for t in reader.tensors if t.name == "blk.0.ffn_gate_exps.weight")
+    assert experts.tensor_type.name == "MXFP4" and list(experts.shape) == [V4["hidden"], V4["expert_ff"], V4["experts"]]
+    progress = []
+    server = servers.start(model, ctx_size=256, on_progress=progress.append, ready_timeout=900)
+    loading = [p for p in progress if p.phase != "ready"]
+    assert loading and max(p.fraction for p in loading) > 0.9, "load progress must follow the 4.5 GB being mapped"
+    reply = server_completion(server)
+    assert reply["tokens_predicted"] == 1
+    (tmp_path / "progress.json").write_text(json.dumps([(p.phase, p.loaded, p.seconds) for p in progress]))
+
+
+def server_completion(server) -> dict:
+    import httpx
+
+    return httpx.post(server.base_url + "/completion", json={"prompt": "Hello", "n_predict": 1, "temperature": 0}, timeout=600).json()
