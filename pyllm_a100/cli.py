@@ -182,6 +182,47 @@ def serve_cmd(
     sys.exit(code)
 
 
+@app.command("generate")
+def generate_cmd(
+    model: Annotated[str, typer.Argument(help="A .gguf file, shard 1 of a set, or a folder holding one set.")],
+    prompt: Annotated[str, typer.Argument(help="Text to continue (with --chat: the user's message).")],
+    max_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 128,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.8,
+    seed: Annotated[Optional[int], typer.Option(help="Sampling seed.")] = None,
+    ctx_size: Annotated[int, typer.Option(help="Context length in tokens.")] = 4096,
+    tensor_split: Annotated[Optional[str], typer.Option(help="1x8, 3,1, 2x2,1x4.")] = None,
+    n_gpu_layers: Annotated[Optional[int], typer.Option(help="Layers on GPU (default: all when a GPU is visible).")] = None,
+    chat: Annotated[bool, typer.Option(help="Wrap PROMPT in the model's chat template.")] = False,
+) -> None:
+    """Generate in-process (no server), streaming to the terminal; ends with tokens/s."""
+    from .embedded import Llama
+
+    llm = Llama(model, n_ctx=ctx_size, tensor_split=tensor_split, n_gpu_layers=n_gpu_layers, verbose=False)
+    try:
+        text = prompt
+        if chat:
+            text = llm.apply_chat_template([{"role": "user", "content": prompt}])
+        for piece in llm.generate(text, max_tokens=max_tokens, temperature=temperature, seed=seed):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        stats = llm.last_generation
+        print()
+        err.print(
+            f"-- {stats.generated_tokens} tokens, {stats.tokens_per_second:.1f} tokens/s "
+            f"(prompt {stats.prompt_tokens} tokens in {stats.prompt_seconds:.2f} s)"
+        )
+    finally:
+        llm.close()
+
+
+@app.command("demo")
+def demo_cmd() -> None:
+    """Synthesize a tiny DeepSeek-V4, serve it, send one chat completion, print answer and tokens/s, stop."""
+    from .demo import run
+
+    run()
+
+
 @app.command("_supervise", hidden=True)
 def supervise_cmd(directory: Path) -> None:
     """(internal) Run a detached server described by DIRECTORY/request.json."""
@@ -276,8 +317,8 @@ def vendor_pack(
             raise llama_source.SourceError(f"{source} does not exist: give a llama.cpp source tree or archive")
         written = llama_source.pack(source, output, marker=llama_source.describe(source, pin))
     size = written.stat().st_size / 2**20
-    out.print(f"wrote {written} ({size:.1f} MiB)")
-    out.print(f"build from it with: pip install -C cmake.define.PYLLM_LLAMA_CPP_SOURCE={written.resolve()} -r requirements.txt .")
+    print(f"wrote {written} ({size:.1f} MiB)")
+    print(f"build from it with: pip install -C cmake.define.PYLLM_LLAMA_CPP_SOURCE={written.resolve()} -r requirements.txt .")
 
 
 def _temporary_dir(near: Path):

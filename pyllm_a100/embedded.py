@@ -8,17 +8,35 @@ that streams text pieces which never split a UTF-8 character.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
+import dataclasses
 import os
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .bindings import llama_cpp_module
+from .errors import ModelError
 from .gguf_files import ModelFiles, resolve_model
 from .native import build_info
 from .splits import check_against_devices, parse_tensor_split
 
 _llama_cpp = llama_cpp_module()
+
+@dataclasses.dataclass
+class GenerationStats:
+    """Counts and timings of the last :meth:`Llama.generate` call on text."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prompt_seconds: float = 0.0  # until the first generated token
+    generate_seconds: float = 0.0  # from the first to the last generated token
+
+    @property
+    def tokens_per_second(self) -> float:
+        return (self.generated_tokens - 1) / self.generate_seconds if self.generated_tokens > 1 and self.generate_seconds > 0 else 0.0
+
 
 # Our names for sampling settings -> llama-cpp-python's.
 _SAMPLING_ALIASES = {"temperature": "temp"}
@@ -49,7 +67,10 @@ class Llama(_llama_cpp.Llama):
         verbose: bool = False,
         **kwargs: Any,
     ) -> None:
+        # llama_cpp.Llama.__del__ closes self._stack: have one even if the checks below raise.
+        self._stack = contextlib.ExitStack()
         self.model_files: ModelFiles = resolve_model(model_path)
+        self.last_generation = GenerationStats()
         if n_gpu_layers is None:
             n_gpu_layers = default_gpu_layers()
         parts = None
@@ -79,6 +100,22 @@ class Llama(_llama_cpp.Llama):
             return super().generate(prompt, *args, **sampling)
         return self._generate_text(prompt, max_tokens=max_tokens, **sampling)
 
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
+        """The prompt the model's own chat template (GGUF ``tokenizer.chat_template``) makes of ``messages``."""
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = self.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise ModelError(f"{self.model_files.first.name} has no chat template: pass plain text instead of chat messages")
+        formatter = Jinja2ChatFormatter(
+            template, eos_token=self._text_of(self.token_eos()), bos_token=self._text_of(self.token_bos()),
+            add_generation_prompt=add_generation_prompt,
+        )
+        return formatter(messages=messages).prompt
+
+    def _text_of(self, token: int) -> str:
+        return self._model.token_get_text(token) if token >= 0 else ""
+
     def token_bytes(self, token: int) -> bytes:
         """The bytes one token stands for (possibly part of a UTF-8 character)."""
         size = 64
@@ -94,14 +131,25 @@ class Llama(_llama_cpp.Llama):
         seed = options.pop("seed", None)
         if seed is not None:
             self.set_seed(int(seed))
-        tokens = self.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
+        # A chat-templated prompt already starts with the BOS text; do not add a second one.
+        bos = self._text_of(self.token_bos())
+        tokens = self.tokenize(prompt.encode("utf-8"), add_bos=not (bos and prompt.startswith(bos)), special=True)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stats = self.last_generation = GenerationStats(prompt_tokens=len(tokens))
+        started = time.perf_counter()
+        first_at = started
         produced = 0
         for token in super().generate(tokens, **options):
+            now = time.perf_counter()
+            if produced == 0:
+                first_at = now
+                stats.prompt_seconds = now - started
+            stats.generate_seconds = now - first_at
             if _llama_cpp.llama_vocab_is_eog(self._model.vocab, token) or produced >= max_tokens:
                 break
             piece = decoder.decode(self.token_bytes(token))
             produced += 1
+            stats.generated_tokens = produced
             if piece:
                 yield piece
             if produced >= max_tokens:
