@@ -223,6 +223,47 @@ def demo_cmd() -> None:
     run()
 
 
+@app.command("doctor")
+def doctor_cmd(
+    model: Annotated[Optional[str], typer.Argument(help="A .gguf file, shard 1 of a set, or a folder holding one set.")] = None,
+    ctx_size: Annotated[Optional[int], typer.Option(help="Context to plan for (default: the model's, at most 16384).")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """GPUs, driver, toolchain and this build; with MODEL: support, memory fit and a serve command."""
+    from .doctor import gather
+
+    report = gather(model, ctx_size)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    if report["gpus"]:
+        for g in report["gpus"]:
+            mig = ", MIG on" if g["mig_enabled"] else ""
+            print(f"GPU {g['index']}: {g['name']} sm_{g['compute_capability'].replace('.', '')}, "
+                  f"{g['memory_total'] / 2**30:.0f} GiB ({g['memory_free'] / 2**30:.0f} GiB free){mig}")
+    else:
+        print("GPUs: none visible (no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides them)")
+    d = report["driver"]
+    print(f"driver: {d['version']} (CUDA <= {d['cuda_version']})" if d else "driver: not found")
+    t = report["toolchain"]
+    print(f"toolchain: nvcc {t['nvcc'] or '-'}, gcc {t['gcc'] or '-'}, cmake {t['cmake'] or '-'}")
+    b = report["build"]
+    archs = ",".join(b["cuda_architectures"] or []) or "-"
+    print(f"build: llama.cpp {b['llama_cpp_commit']} ({b['source']}), " + (f"CUDA {b['cuda_version']} sm {archs}" if b["cuda"] else "CPU only"))
+    m = report.get("model")
+    if m:
+        print(f"model: {m['path']} ({m['architecture']}, {m['layers']} layers, {m['shards']} file(s), {m['bytes'] / 2**30:.2f} GiB"
+              + (", synthetic" if m["synthetic"] else "") + ")")
+        print("  types: " + ", ".join(f"{n} x{c}" for n, c in sorted(m["tensor_types"].items(), key=lambda kv: -kv[1])))
+    marks = {"ok": "ok  ", "warn": "warn", "error": "FAIL"}
+    for f in report["findings"]:
+        print(f"[{marks[f['level']]}] {f['text']}")
+    if report["suggestion"]:
+        print(f"suggested: {report['suggestion']}")
+    if any(f["level"] == "error" for f in report["findings"]):
+        sys.exit(1)
+
+
 @app.command("_supervise", hidden=True)
 def supervise_cmd(directory: Path) -> None:
     """(internal) Run a detached server described by DIRECTORY/request.json."""

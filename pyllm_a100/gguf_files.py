@@ -153,7 +153,7 @@ def known_architectures() -> list[str] | None:
     return build_info().get("architectures")
 
 
-def resolve_model(spec: str | os.PathLike[str], *, known_archs: list[str] | None = None) -> ModelFiles:
+def resolve_model(spec: str | os.PathLike[str], *, known_archs: list[str] | None = None, check_arch: bool = True) -> ModelFiles:
     """Check a model before llama.cpp is started: every shard present, readable, whole."""
     first = locate(spec)
     match = SHARD_RE.match(first.name)
@@ -195,7 +195,7 @@ def resolve_model(spec: str | os.PathLike[str], *, known_archs: list[str] | None
     arch = metadata.get("general.architecture")
     if not arch:
         raise NotAGGUF(f"{first} has no general.architecture key: it is not a llama.cpp model file")
-    archs = known_archs if known_archs is not None else known_architectures()
+    archs = known_archs if known_archs is not None else known_architectures() if check_arch else None
     if archs is not None and arch not in archs:
         from .native import build_info
 

@@ -276,7 +276,7 @@ def download_sdist(pin: Pin, dest_dir: Path) -> Path:
     if final.exists() and sha256_of(final) == pin.sha256:
         return final
     with tempfile.TemporaryDirectory(dir=dest_dir, prefix=".download-") as work:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", pin.distribution,
                pin.requirement, "-d", work]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:

@@ -1,0 +1,168 @@
+"""`pyllm doctor`: can this box run this model, and how.
+
+GPUs and driver (NVML), toolchain, this build and whether its CUDA code covers the GPUs;
+with a model: architecture support, weight types and what sm_80 does with them, memory
+from llama.cpp's own estimate (``llama-fit-params --fit-print``: model, context and
+compute buffers per device), and a ready ``pyllm serve`` command or why it will not fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+from typing import Any
+
+from .gguf_files import resolve_model
+from .gpus import GPU, driver, visible_gpus
+from .native import binary, build_info
+
+MARGIN_MIB = 1024  # free memory llama.cpp's --fit keeps per GPU by default
+
+TYPE_NOTES = {
+    "MXFP4": "FP4 (MXFP4): no FP4 tensor cores before sm_100; llama.cpp dequantizes in its MMQ/MMVQ kernels on sm_80",
+    "NVFP4": "FP4 (NVFP4): no FP4 tensor cores before sm_100; dequantizing kernels on sm_80",
+    "BF16": "BF16: native on sm_80",
+    "F16": "F16: native",
+    "Q8_0": "Q8_0: int8 dot products (dp4a / MMQ) on sm_80",
+}
+
+
+@dataclasses.dataclass
+class Finding:
+    level: str  # "ok" | "warn" | "error"
+    text: str
+
+
+def _version(cmd: list[str], pattern: str) -> str | None:
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(pattern, out)
+    return m[1] if m else out.strip().splitlines()[0] if out.strip() else None
+
+
+def toolchain() -> dict[str, str | None]:
+    return {
+        "nvcc": _version(["nvcc", "--version"], r"release ([\d.]+)"),
+        "gcc": _version(["gcc", "-dumpfullversion"], r"([\d.]+)"),
+        "cmake": _version(["cmake", "--version"], r"cmake version ([\d.]+)"),
+    }
+
+
+def coverage(gpu: GPU, archs: list[str]) -> Finding:
+    numbers = sorted(int(re.match(r"\d+", a)[0]) for a in archs if re.match(r"\d+", a))
+    sm = int(gpu.sm)
+    if not numbers:
+        return Finding("error", f"GPU {gpu.index} {gpu.name} (sm_{sm}): this is a CPU build; reinstall with -C cmake.define.GGML_CUDA=ON")
+    if sm in numbers:
+        return Finding("ok", f"GPU {gpu.index} {gpu.name} (sm_{sm}): native code in this build")
+    if sm > numbers[0]:
+        return Finding("warn", f"GPU {gpu.index} {gpu.name} (sm_{sm}): runs the sm_{numbers[-1]} PTX through JIT (slow first load); build \"{';'.join(map(str, numbers + [sm]))}\" for native code")
+    return Finding("error", f"GPU {gpu.index} {gpu.name} (sm_{sm}): no code in this build (archs {numbers}); reinstall with -C cmake.define.CMAKE_CUDA_ARCHITECTURES=\"{sm}\"")
+
+
+def fit_estimate(model_path: str, ctx: int, *, gpu_layers: int, tensor_split: list[float] | None = None,
+                 env: dict[str, str] | None = None) -> dict[str, dict[str, int]]:
+    """llama.cpp's own memory estimate, MiB per device: {"CUDA0": {"model":..,"context":..,"compute":..}, "Host": ...}."""
+    args = [str(binary("llama-fit-params")), "-m", model_path, "-c", str(ctx), "--fit-print", "on", "-ngl", str(gpu_layers)]
+    if tensor_split:
+        args += ["-ts", ",".join(f"{p:g}" for p in tensor_split)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    if result.returncode != 0:
+        raise RuntimeError(f"llama-fit-params failed: {result.stderr.strip().splitlines()[-1:] if result.stderr.strip() else result.returncode}")
+    estimate = {}
+    for line in result.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
+            estimate[parts[0]] = {"model": int(parts[1]), "context": int(parts[2]), "compute": int(parts[3])}
+    return estimate
+
+
+def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, Any]) -> tuple[dict[str, Any], list[Finding], str | None]:
+    files = resolve_model(spec, check_arch=False)  # the architecture is judged below, not refused
+    findings: list[Finding] = []
+    arch = files.architecture
+    meta = files.metadata
+    known = arch in (info.get("architectures") or [])
+    findings.append(Finding("ok" if known else "error",
+                            f"architecture {arch}: " + ("supported by this build" if known else
+                            f"unknown to this build ({info.get('llama_cpp_commit')}); build a newer llama.cpp with PYLLM_LLAMA_CPP_SOURCE")))
+    for name, count in sorted(files.tensor_types.items(), key=lambda kv: -kv[1]):
+        note = TYPE_NOTES.get(name)
+        if note and name in ("MXFP4", "NVFP4"):
+            findings.append(Finding("ok", f"{count} {name} tensors: {note}"))
+    trained = int(meta.get(f"{arch}.context_length") or 0)
+    ctx = ctx or (min(trained, 16384) if trained else 16384)
+    report: dict[str, Any] = {
+        "path": str(files.first), "shards": len(files.shards), "bytes": files.total_bytes, "architecture": arch,
+        "supported": known, "layers": meta.get(f"{arch}.block_count"), "context_train": trained, "context": ctx,
+        "tensor_types": files.tensor_types, "synthetic": bool(meta.get("pyllm.synthetic")),
+    }
+    suggestion = None
+    if not known:
+        return report, findings, suggestion
+    try:
+        host_only = fit_estimate(str(files.first), ctx, gpu_layers=0, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+        report["estimate_cpu_mib"] = host_only
+        context_mib = host_only.get("Host", {}).get("context", 0)
+        findings.append(Finding("ok", f"KV cache and state for {ctx} tokens: {context_mib / 1024:.1f} GiB (llama.cpp's estimate)"))
+    except Exception as exc:  # the estimate is advice; report why it is missing
+        findings.append(Finding("warn", f"no memory estimate: {exc}"))
+        return report, findings, suggestion
+    if not gpus:
+        findings.append(Finding("warn", "no GPU visible: the suggestion below runs on the CPU"))
+        suggestion = f"pyllm serve {files.first} --ctx-size {ctx}"
+        return report, findings, suggestion
+    split = [1.0] * len(gpus)
+    per_device = fit_estimate(str(files.first), ctx, gpu_layers=999, tensor_split=split)
+    report["estimate_gpu_mib"] = per_device
+    over = []
+    for gpu in gpus:
+        need = sum(per_device.get(f"CUDA{gpu.index}", {}).values())
+        free = gpu.memory_free // 2**20
+        if need + MARGIN_MIB > free:
+            over.append(f"CUDA{gpu.index} needs {need / 1024:.1f} GiB, {free / 1024:.1f} GiB free")
+    total_vram = sum(g.memory_total for g in gpus)
+    findings.append(Finding("ok" if files.total_bytes < total_vram else "error",
+                            f"model {files.total_bytes / 2**30:.1f} GiB vs {total_vram / 2**30:.1f} GiB of VRAM on {len(gpus)} GPU(s)"))
+    split_text = f"1x{len(gpus)}"
+    if over:
+        findings.append(Finding("error", "does not fit with all layers on GPU: " + "; ".join(over) +
+                                ": lower --ctx-size, add GPUs, or use a smaller quantization"))
+        suggestion = f"pyllm serve {files.first} --tensor-split {split_text} --ctx-size {max(2048, ctx // 4)}  # smaller context; llama.cpp --fit keeps the rest in RAM"
+    else:
+        suggestion = f"pyllm serve {files.first} --tensor-split {split_text} --ctx-size {ctx}"
+    return report, findings, suggestion
+
+
+def gather(model: str | None = None, ctx_size: int | None = None) -> dict[str, Any]:
+    info = build_info()
+    gpus = visible_gpus()
+    drv = driver()
+    findings: list[Finding] = []
+    archs = info.get("cuda_architectures") or []
+    for gpu in gpus:
+        findings.append(coverage(gpu, archs))
+        if gpu.mig_enabled:
+            findings.append(Finding("warn", f"GPU {gpu.index} has MIG enabled: llama.cpp sees MIG slices, not the whole GPU"))
+    if drv and info.get("cuda_version") and tuple(map(int, info["cuda_version"].split("."))) > tuple(map(int, drv.cuda_version.split("."))):
+        findings.append(Finding("error", f"this build's CUDA {info['cuda_version']} is newer than the driver's {drv.cuda_version}: upgrade the driver or rebuild with an older toolkit"))
+    report: dict[str, Any] = {
+        "gpus": [dataclasses.asdict(g) for g in gpus],
+        "driver": dataclasses.asdict(drv) if drv else None,
+        "toolchain": toolchain(),
+        "build": {k: info.get(k) for k in ("version", "llama_cpp_commit", "source", "cuda", "cuda_version", "cuda_architectures", "patches")},
+    }
+    suggestion = None
+    if model is not None:
+        report["model"], model_findings, suggestion = model_report(model, ctx_size, gpus, info)
+        findings += model_findings
+    report["findings"] = [dataclasses.asdict(f) for f in findings]
+    report["suggestion"] = suggestion
+    return report
