@@ -62,7 +62,47 @@ def llama_cpp_module() -> ModuleType:
             f"import pyllm_a100 before llama_cpp, or start Python with {LIB_PATH_ENV}={ours.parent}"
         )
     check_abi(llama_cpp.__version__)
+    install_log_callback(low_level)
     return llama_cpp
+
+
+# ggml_log_level (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the previous line)
+_LEVELS = {0: logging.CRITICAL, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_callback = None
+_last_level = logging.INFO
+llama_log = logging.getLogger("pyllm_a100.llama_cpp")
+verbose_logs = False  # set by Llama(verbose=True): llama.cpp's log goes to stderr as it comes
+
+
+def install_log_callback(low_level: ModuleType) -> None:
+    """Replace llama-cpp-python's log callback with one that cannot raise.
+
+    Its callback decodes each chunk as strict UTF-8, but llama.cpp cuts long metadata
+    previews at a byte count, mid-character (DeepSeek's vocabulary is full of 3-byte
+    characters): every model load then raised inside a C callback. Ours decodes with
+    replacement, shows errors (everything when verbose), and hands the rest to logging.
+    """
+    global _callback
+    if _callback is not None:
+        return
+
+    @low_level.llama_log_callback
+    def callback(level: int, text: bytes, user_data: object) -> None:
+        global _last_level
+        try:
+            message = text.decode("utf-8", errors="replace") if text else ""
+            py_level = _last_level if level == 5 else _LEVELS.get(level, logging.INFO)
+            _last_level = py_level
+            if verbose_logs or py_level >= logging.ERROR:
+                sys.stderr.write(message)
+                sys.stderr.flush()
+            elif llama_log.isEnabledFor(py_level):
+                llama_log.log(py_level, "%s", message.rstrip("\n"))
+        except Exception:  # a logging failure must never propagate into C
+            pass
+
+    low_level.llama_log_set(callback, None)
+    _callback = callback
 
 
 def check_abi(bindings_version: str) -> None:

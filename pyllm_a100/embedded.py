@@ -11,6 +11,7 @@ import codecs
 import contextlib
 import ctypes
 import dataclasses
+import io
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -79,13 +80,23 @@ class Llama(_llama_cpp.Llama):
             from .gpus import visible_gpus
 
             check_against_devices(parts, len(visible_gpus()), text=str(tensor_split))
-        super().__init__(
-            model_path=str(self.model_files.first),
-            n_gpu_layers=n_gpu_layers,
-            tensor_split=parts,
-            verbose=verbose,
-            **kwargs,
-        )
+        # verbose=True for llama-cpp-python: its quiet mode dup2()s stdout/stderr to
+        # /dev/null around C calls, which is fragile and hides crash reports. Quiet here
+        # means: llama.cpp's log filtered by our callback, llama-cpp-python's own
+        # prints captured at the Python level.
+        from . import bindings
+
+        bindings.verbose_logs = verbose
+        quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stderr(io.StringIO())
+        with quiet:
+            super().__init__(
+                model_path=str(self.model_files.first),
+                n_gpu_layers=n_gpu_layers,
+                tensor_split=parts,
+                verbose=True,
+                **kwargs,
+            )
+        self.verbose = verbose
 
     def generate(self, prompt: Any, *args: Any, max_tokens: int = 128, **sampling: Any) -> Iterator[Any]:
         """Stream the completion of ``prompt`` (a str) as text pieces.
