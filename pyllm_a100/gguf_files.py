@@ -102,7 +102,7 @@ def _locate(text: str) -> Path:
     if path.is_dir():
         return _pick_from(list(path.iterdir()), text)
     if not path.exists():
-        raise ModelNotFound(f"model {text} does not exist: give a .gguf file, shard 1 of a set, a folder, or `pyllm models` names")
+        raise ModelNotFound(f"model {text} does not exist: give a .gguf file, shard 1 of a set, or a folder holding one set")
     return path
 
 

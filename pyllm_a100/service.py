@@ -47,6 +47,15 @@ class ServeRequest:
     name: str | None = None
     api_key_file: str | None = None
 
+    def to_config(self, *, require_api_key: bool = True) -> ServerConfig:
+        """Validated ServerConfig (raises the one-line errors for bad input)."""
+        return make_config(
+            self.model, host=self.host, port=self.port, ctx_size=self.ctx_size, n_gpu_layers=self.n_gpu_layers,
+            tensor_split=self.tensor_split, split_mode=self.split_mode, parallel=self.parallel,
+            cors_origins=self.cors_origins, alias=self.alias, extra_args=self.extra_args,
+            api_key_file=self.api_key_file, require_api_key=require_api_key,
+        )
+
 
 @dataclasses.dataclass
 class Prepared:
@@ -59,12 +68,7 @@ class Prepared:
 def prepare(request: ServeRequest, api_key: str | None = None) -> Prepared:
     """Validate everything and create the state folder (with the API key file if any)."""
     # Validate before touching disk: a bad model or port must leave nothing behind.
-    probe = make_config(
-        request.model, host=request.host, port=request.port, ctx_size=request.ctx_size,
-        n_gpu_layers=request.n_gpu_layers, tensor_split=request.tensor_split, split_mode=request.split_mode,
-        parallel=request.parallel, cors_origins=request.cors_origins, alias=request.alias,
-        extra_args=request.extra_args, api_key_file=request.api_key_file, require_api_key=False,
-    )
+    probe = request.to_config(require_api_key=False)  # a key file is written below when one is needed
     directory = state.new_server_dir(request.name or f"{probe.model.name}-{probe.port}")
     generated = None
     if api_key is None and request.api_key_file is None and not is_loopback(request.host):
@@ -200,13 +204,7 @@ def wait_detached(prepared: Prepared, proc: subprocess.Popen[bytes], on_progress
 def supervise(directory: Path) -> int:
     """Entry point of the detached supervisor (``pyllm _supervise DIR``)."""
     request = ServeRequest(**json.loads((directory / REQUEST).read_text()))
-    config = make_config(
-        request.model, host=request.host, port=request.port, ctx_size=request.ctx_size,
-        n_gpu_layers=request.n_gpu_layers, tensor_split=request.tensor_split, split_mode=request.split_mode,
-        parallel=request.parallel, cors_origins=request.cors_origins, alias=request.alias,
-        extra_args=request.extra_args, api_key_file=request.api_key_file,
-    )
-    prepared = Prepared(request, config, directory, None)
+    prepared = Prepared(request, request.to_config(), directory, None)
     try:
         return run(prepared, on_event=lambda m: print(m, flush=True))
     except ServerError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
 import re
 
 # llama.cpp token types (gguf TokenType)
@@ -141,24 +142,17 @@ def build_vocab(size: int) -> Vocab:
     room = size - len(tokens)
     for a, b in _learn_merges(room):
         add(a, b)
-    # Fill: merges of byte pairs, printable ASCII first, then every byte.
+    # Fill: merges of byte pairs (printable ASCII first), then of merged tokens with a byte.
     order = [table[b] for b in range(0x20, 0x7F)] + [table[b] for b in range(256) if not 0x20 <= b < 0x7F]
-    for a in order:
-        for b in order:
-            if len(tokens) >= size:
-                break
-            add(a, b)
+
+    def candidates():
+        yield from itertools.product(order, order)
+        yield from itertools.product(list(tokens[len(specials) + 256 :]), order)  # read when reached
+
+    for a, b in candidates():
         if len(tokens) >= size:
             break
-    # Then pairs of merged tokens, for the largest vocabularies.
-    base = list(tokens[len(specials) + 256 :])
-    for a in base:
-        for b in order:
-            if len(tokens) >= size:
-                break
-            add(a, b)
-        if len(tokens) >= size:
-            break
+        add(a, b)
     if len(tokens) < size:
         raise ValueError(f"cannot build a {size}-token vocabulary")
     return Vocab(

@@ -1,0 +1,46 @@
+"""pyllm doctor on this machine (no GPU): build facts, model support, llama.cpp's own memory estimate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import run_pyllm
+from test_server import _unknown_arch_model
+
+
+def test_doctor_reports_build_and_model_with_llama_cpps_estimate(tiny_models: dict[str, Path]) -> None:
+    result = run_pyllm("doctor", str(tiny_models["tiny-deepseek4"]), "--ctx-size", "2048", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["build"]["llama_cpp_commit"] == "0c1e57098" and report["build"]["cuda"] is False
+    model = report["model"]
+    assert model["architecture"] == "deepseek4" and model["supported"] and model["synthetic"] and model["layers"] == 4
+    host = model["estimate_cpu_mib"]["Host"]
+    assert set(host) == {"model", "context", "compute"} and host["compute"] > 0
+    assert report["suggestion"] == f"pyllm serve {model['path']} --ctx-size 2048"
+    texts = [f["text"] for f in report["findings"]]
+    assert any("supported by this build" in t for t in texts) and any("no GPU visible" in t for t in texts)
+
+
+def test_doctor_text_names_mxfp4_and_fails_on_an_unknown_architecture(tmp_path: Path) -> None:
+    from pyllm_a100.synth import synthesize
+
+    ud = synthesize("tiny-deepseek4", tmp_path / "ud.gguf", weight_type="ud-q8-k-xl").first
+    text = run_pyllm("doctor", str(ud))
+    assert text.returncode == 0 and "MXFP4" in text.stdout and "dequantizes" in text.stdout
+    unknown = run_pyllm("doctor", str(_unknown_arch_model(tmp_path / "future.gguf")))
+    assert unknown.returncode == 1 and "architecture future-arch-9: unknown to this build" in unknown.stdout
+
+
+def test_model_load_logs_no_decoding_errors(tiny_models: dict[str, Path]) -> None:
+    """llama.cpp cuts metadata previews mid-character; the log callback must not raise on them."""
+    from conftest import run_python
+
+    code = f"from pyllm_a100 import Llama\nLlama({str(tiny_models['tiny-deepseek4'])!r}, n_ctx=128, verbose=True).close()\n"
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert "llama_model_loader" in result.stderr, "verbose=True shows llama.cpp's log"
+    assert "UnicodeDecodeError" not in result.stderr and "Exception ignored" not in result.stderr
+    quiet = run_python(code.replace("verbose=True", "verbose=False"))
+    assert quiet.returncode == 0 and "llama_model_loader" not in quiet.stderr, quiet.stderr[-500:]
