@@ -41,7 +41,7 @@ def explain(log: str, code: int | None, config: Any = None, *, log_path: Path | 
     m = re.search(r"allocating ([\d.]+) MiB on device (\d+): cudaMalloc failed: out of memory", log) or re.search(
         r"failed to allocate (CUDA\d+) buffer of size (\d+)", log
     )
-    if m or re.search(r"CUDA error: out of memory|cudaMalloc failed: out of memory", log):
+    if m or re.search(r"CUDA error: out of memory|cudaMalloc failed: out of memory|unable to allocate CUDA\d+ buffer", log):
         size = ""
         if m and m.re.pattern.startswith("allocating"):
             size = f" allocating {float(m[1]) / 1024:.1f} GiB on CUDA{m[2]}"
