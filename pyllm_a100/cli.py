@@ -363,10 +363,12 @@ def vendor_pack(
 
 
 def _temporary_dir(near: Path):
+    """A scratch folder beside ``near`` (same filesystem: the final rename stays atomic)."""
     import tempfile
 
-    near.parent.mkdir(parents=True, exist_ok=True) if near.parent != Path("") else None
-    return tempfile.TemporaryDirectory(prefix=".pyllm-", dir=near.resolve().parent)
+    folder = near.resolve().parent
+    folder.mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryDirectory(prefix=".pyllm-", dir=folder)
 
 
 def main() -> None:
