@@ -264,6 +264,63 @@ def doctor_cmd(
         sys.exit(1)
 
 
+@app.command("fetch")
+def fetch_cmd(
+    repo: Annotated[str, typer.Argument(help="owner/name, e.g. unsloth/DeepSeek-V4-Flash-0731-GGUF")],
+    include: Annotated[Optional[list[str]], typer.Option("--include", help="Glob of files to get, e.g. \"UD-Q8_K_XL/*\" (repeatable).")] = None,
+    exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Glob of files to skip (repeatable).")] = None,
+    source: Annotated[str, typer.Option(help="hf (Hugging Face; mirror: HF_ENDPOINT) or modelscope (MODELSCOPE_ENDPOINT).")] = "hf",
+    revision: Annotated[Optional[str], typer.Option(help="Branch, tag or commit (default: main / master).")] = None,
+    local_dir: Annotated[Optional[Path], typer.Option(help="Where the files go (default: $PYLLM_HOME/models/SOURCE/OWNER--NAME).")] = None,
+    workers: Annotated[int, typer.Option(help="Files downloaded in parallel.")] = 8,
+    token: Annotated[Optional[str], typer.Option(help="Access token for gated or private repos (or HF_TOKEN).", envvar="HF_TOKEN")] = None,
+    verify_hashes: Annotated[bool, typer.Option("--verify-hashes/--no-verify-hashes", help="Check sha256 after download (sizes are always checked).")] = True,
+    dry_run: Annotated[bool, typer.Option(help="List what would be downloaded, then stop.")] = False,
+) -> None:
+    """Download GGUF shard sets, check disk space first, verify them, and record a manifest for serve/doctor."""
+    from . import fetch
+
+    the_plan = fetch.plan(repo, include=include or [], exclude=exclude or [], source=source, revision=revision, token=token)
+    root = local_dir or fetch.default_root(the_plan)
+    for warning in the_plan.warnings:
+        err.print(f"[yellow]warning:[/] {warning}")
+    for f in the_plan.files:
+        print(f"{f.size / 2**30:9.2f} GiB  {f.path}")
+    print(f"{the_plan.total_bytes / 2**30:9.2f} GiB  in {len(the_plan.files)} file(s) from {the_plan.repo}@{the_plan.commit[:12]} -> {root}")
+    missing = fetch.check_space(the_plan, root)
+    if dry_run:
+        return
+    if missing:
+        fetch.download(the_plan, root, workers=workers, token=token)
+    show = (lambda p: err.print(f"verifying sha256 of {p}")) if err.is_terminal else None
+    checked = fetch.verify(the_plan, root, hashes=verify_hashes, progress=show)
+    manifest = fetch.write_manifest(the_plan, root, checked)
+    for s in checked["sets"]:
+        print(f"complete: {root / s['first']} ({s['count']} shard(s), {s['bytes'] / 2**30:.2f} GiB)")
+    name = f"{the_plan.repo}:{checked['sets'][0]['quant']}" if checked["sets"] and checked["sets"][0]["quant"] else the_plan.repo
+    print(f"manifest: {manifest}")
+    if checked["sets"]:
+        print(f"serve it: pyllm serve {name}")
+
+
+@app.command("models")
+def models_cmd(as_json: JsonFlag = False) -> None:
+    """Models fetched with pyllm fetch: repo, quantization, shards, size, complete or not."""
+    from .fetch import local_models
+
+    rows = local_models()
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        print("no fetched models (pyllm fetch OWNER/NAME --include \"QUANT/*\")")
+        return
+    print(f"{'REPO':<44} {'QUANT':<14} {'SHARDS':>6} {'SIZE':>10}  {'STATE':<10} PATH")
+    for r in rows:
+        state = "complete" if r["complete"] else "INCOMPLETE"
+        print(f"{r['repo']:<44} {r['quant'] or '-':<14} {r['shards']:>6} {r['bytes'] / 2**30:>8.2f}G  {state:<10} {r['path']}")
+
+
 @app.command("_supervise", hidden=True)
 def supervise_cmd(directory: Path) -> None:
     """(internal) Run a detached server described by DIRECTORY/request.json."""

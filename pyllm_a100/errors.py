@@ -13,6 +13,12 @@ PyllmError
 │   ├── TruncatedModel (ValueError)           cut short or corrupt
 │   ├── ModelUnreadable (PermissionError)
 │   └── UnknownArchitecture (ValueError)      the llama.cpp build is older than the model
+├── FetchError                                pyllm fetch
+│   ├── RepoNotFound (FileNotFoundError)
+│   ├── AccessDenied (PermissionError)         gated / private: pass a token
+│   ├── HubUnreachable (ConnectionError)       suggest a mirror (HF_ENDPOINT) or an offline copy
+│   ├── NotEnoughDisk (OSError)
+│   └── VerificationFailed (ValueError)        size, sha256 or shard set wrong
 └── ServerError (RuntimeError)                a managed llama-server
     ├── ServerConfigError (ValueError)        bad --ctx-size, --split-mode, ...
     ├── PortInUse (OSError)
@@ -100,3 +106,27 @@ class ServerStartTimeout(ServerError, TimeoutError):
 
 class ServerNotFound(ServerError, LookupError):
     """``no managed server named 'x': see pyllm ps``"""
+
+
+class FetchError(PyllmError):
+    """``download of x stopped (...); partial files are kept: run the same command again to resume``"""
+
+
+class RepoNotFound(FetchError, FileNotFoundError):
+    """``repository x/y was not found on https://...: check the name (owner/name)``"""
+
+
+class AccessDenied(FetchError, PermissionError):
+    """``x/y is gated or private and this request was not authorized: ... pass a token``"""
+
+
+class HubUnreachable(FetchError, ConnectionError):
+    """``cannot reach https://...: on an intranet set HF_ENDPOINT to your mirror``"""
+
+
+class NotEnoughDisk(FetchError, OSError):
+    """``x/y: 150.0 GiB still to download but /data has 80.0 GiB free``"""
+
+
+class VerificationFailed(FetchError, ValueError):
+    """``x/y: UD-Q8_K_XL/m-00002-of-00005.gguf is corrupt (sha256 ...): run the same command again``"""

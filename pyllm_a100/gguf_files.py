@@ -102,6 +102,11 @@ def _locate(text: str) -> Path:
     if path.is_dir():
         return _pick_from(list(path.iterdir()), text)
     if not path.exists():
+        from .fetch import resolve_name
+
+        fetched = resolve_name(text)  # REPO or REPO:QUANT fetched earlier
+        if fetched is not None:
+            return fetched
         raise ModelNotFound(f"model {text} does not exist: give a .gguf file, shard 1 of a set, or a folder holding one set")
     return path
 

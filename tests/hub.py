@@ -1,0 +1,190 @@
+"""A loopback server speaking the part of the Hugging Face Hub HTTP API that huggingface_hub's
+download path calls, serving repos built in the test (synthetic GGUF shard sets).
+
+Endpoints: GET /api/models/{repo}/revision/{rev} (repo info), GET /api/models/{repo}/tree/{rev}
+(recursive listing with sizes and LFS sha256), HEAD/GET /{repo}/resolve/{rev}/{path} (file
+metadata headers, bytes, Range). Faults for tests: gated repos (401 without a token), a
+one-shot connection cut after N bytes of a file, corrupted bytes, and a listed size larger
+than the file (for disk-space refusals).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+
+@dataclasses.dataclass
+class HubFile:
+    data: bytes
+    listed_size: int | None = None  # what the listing claims (defaults to len(data))
+    corrupt: bool = False  # serve altered bytes (the listing keeps the true sha256)
+    cut_after: int | None = None  # close the connection after this many bytes, once
+    slow: float = 0.0  # seconds of pause per MiB sent (to interrupt a download mid-way)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    @property
+    def git_oid(self) -> str:
+        return hashlib.sha1(b"blob %d\0" % len(self.data) + self.data).hexdigest()
+
+
+@dataclasses.dataclass
+class HubRepo:
+    files: dict[str, HubFile]
+    commit: str = "0123456789abcdef0123456789abcdef01234567"
+    gated: bool = False
+
+
+class FakeHub:
+    def __init__(self) -> None:
+        self.repos: dict[str, HubRepo] = {}
+        self.requests: list[tuple[str, str, dict]] = []  # method, path, headers
+        self.token = "hf_test_token"
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                hub.handle(self, head=True)
+
+            def do_GET(self) -> None:
+                hub.handle(self, head=False)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def add_repo(self, repo_id: str, files: dict[str, bytes | HubFile], **options) -> HubRepo:
+        repo = HubRepo({p: f if isinstance(f, HubFile) else HubFile(f) for p, f in files.items()}, **options)
+        self.repos[repo_id] = repo
+        return repo
+
+    def add_folder(self, repo_id: str, folder: Path, prefix: str = "", **options) -> HubRepo:
+        files = {f"{prefix}{p.name}": p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+        return self.add_repo(repo_id, files, **options)
+
+    # -- protocol
+
+    def _send(self, h: BaseHTTPRequestHandler, status: int, body: bytes = b"", headers: dict | None = None, head: bool = False) -> None:
+        h.send_response(status)
+        for k, v in (headers or {}).items():
+            h.send_header(k, str(v))
+        h.send_header("Content-Length", str(len(body)) if not (headers and "Content-Length" in headers) else headers["Content-Length"])
+        h.end_headers()
+        if not head and body:
+            h.wfile.write(body)
+
+    def _error(self, h, status: int, code: str, message: str, head: bool) -> None:
+        body = json.dumps({"error": message}).encode()
+        self._send(h, status, body, {"X-Error-Code": code, "X-Error-Message": message, "Content-Type": "application/json"}, head)
+
+    def _repo(self, h, repo_id: str, head: bool) -> HubRepo | None:
+        repo = self.repos.get(repo_id)
+        if repo is None:
+            self._error(h, 404, "RepoNotFound", "Repository not found", head)
+            return None
+        if repo.gated and h.headers.get("Authorization") != f"Bearer {self.token}":
+            self._error(h, 401, "GatedRepo", "Access to this model is restricted; you must be authenticated", head)
+            return None
+        return repo
+
+    def handle(self, h: BaseHTTPRequestHandler, head: bool) -> None:
+        url = urlparse(h.path)
+        path = unquote(url.path)
+        self.requests.append(("HEAD" if head else "GET", path, dict(h.headers)))
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
+        if m:
+            repo = self._repo(h, m[1], head)
+            if repo:
+                body = json.dumps({"id": m[1], "modelId": m[1], "sha": repo.commit, "private": False, "gated": repo.gated,
+                                   "siblings": [{"rfilename": p} for p in sorted(repo.files)]}).encode()
+                self._send(h, 200, body, {"Content-Type": "application/json"}, head)
+            return
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?", path)
+        if m:
+            repo = self._repo(h, m[1], head)
+            if repo:
+                entries, dirs = [], set()
+                for p, f in sorted(repo.files.items()):
+                    parts = p.split("/")
+                    for i in range(1, len(parts)):
+                        dirs.add("/".join(parts[:i]))
+                    size = f.listed_size if f.listed_size is not None else len(f.data)
+                    entries.append({"type": "file", "oid": f.git_oid, "size": size, "path": p,
+                                    "lfs": {"oid": f.sha256, "size": size, "pointerSize": 134}})
+                entries += [{"type": "directory", "oid": "0" * 40, "size": 0, "path": d} for d in sorted(dirs)]
+                self._send(h, 200, json.dumps(entries).encode(), {"Content-Type": "application/json"}, head)
+            return
+        m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
+        if m:
+            repo = self._repo(h, m[1], head)
+            if repo is None:
+                return
+            f = repo.files.get(m[3])
+            if f is None:
+                self._error(h, 404, "EntryNotFound", "Entry not found", head)
+                return
+            data = bytes(b ^ 0xFF for b in f.data[:64]) + f.data[64:] if f.corrupt else f.data
+            start = 0
+            rng = h.headers.get("Range")
+            if rng:
+                start = int(re.match(r"bytes=(\d+)-", rng)[1])
+            body = data[start:]
+            headers = {
+                "X-Repo-Commit": repo.commit, "X-Linked-Etag": f'"{f.sha256}"', "ETag": f'"{f.git_oid}"',
+                "X-Linked-Size": len(f.data), "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream",
+                "Content-Length": len(body),
+            }
+            status = 200
+            if rng and not head:
+                status = 206
+                headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+            if head:
+                self._send(h, 200, b"", dict(headers, **{"Content-Length": len(data)}), head=True)
+                return
+            h.send_response(status)
+            for k, v in headers.items():
+                h.send_header(k, str(v))
+            h.end_headers()
+            if f.cut_after is not None and start < f.cut_after:
+                h.wfile.write(body[: f.cut_after - start])
+                h.wfile.flush()
+                f.cut_after = None  # one-shot
+                h.close_connection = True
+                try:
+                    h.connection.shutdown(2)
+                except OSError:
+                    pass
+                return
+            if f.slow:
+                for i in range(0, len(body), 1 << 20):
+                    h.wfile.write(body[i : i + (1 << 20)])
+                    h.wfile.flush()
+                    time.sleep(f.slow)
+                return
+            h.wfile.write(body)
+            return
+        self._error(h, 404, "NotFound", f"no route for {path}", head)

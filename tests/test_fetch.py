@@ -1,0 +1,179 @@
+"""pyllm fetch through the real huggingface_hub against a loopback hub (tests/hub.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PYLLM, run_pyllm
+from hub import FakeHub, HubFile
+
+REPO = "unsloth/Tiny-GLM-GGUF"
+
+
+@pytest.fixture(scope="module")
+def shard_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """A 3-shard tiny GLM-5 set (~12 MB per shard) named like a UD-Q8_K_XL folder, a one-file Q4_0, and a README."""
+    from pyllm_a100.synth import synthesize
+
+    root = tmp_path_factory.mktemp("hub-files")
+    ud = synthesize("tiny-glm-dsa", root / "ud" / "Tiny-GLM-UD-Q8_K_XL.gguf", split_max_size="13M", seed=5)  # f16: ~12 MB shards
+    q4 = synthesize("tiny-llama", root / "q4" / "Tiny-Q4_0.gguf", weight_type="q4_0", seed=5)
+    files = {f"UD-Q8_K_XL/{p.name}": p.read_bytes() for p in ud.paths}
+    files["Q4_0/Tiny-Q4_0.gguf"] = q4.first.read_bytes()
+    files["README.md"] = b"# tiny\n"
+    assert len(ud.paths) == 3
+    return files
+
+
+@pytest.fixture
+def hub():
+    server = FakeHub()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def env(hub: FakeHub, tmp_path: Path, pyllm_home: Path) -> dict[str, str]:
+    return dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_XET="1",
+                HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", PYLLM_HOME=str(pyllm_home))
+
+
+def fetch(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return run_pyllm("fetch", *args, env=env, timeout=timeout)
+
+
+def shards(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "UD-Q8_K_XL").glob("*.gguf"))
+
+
+def test_include_pattern_fetches_one_set_verifies_and_serve_finds_it(hub, env, shard_files, pyllm_home) -> None:
+    hub.add_repo(REPO, shard_files)
+    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*")
+    assert result.returncode == 0, result.stderr
+    root = pyllm_home / "models" / "hf" / "unsloth--Tiny-GLM-GGUF"
+    assert shards(root) == [f"Tiny-GLM-UD-Q8_K_XL-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert not (root / "README.md").exists() and not (root / "Q4_0").exists()
+    manifest = json.loads((root / ".pyllm-manifest.json").read_text())
+    assert manifest["commit"] == hub.repos[REPO].commit and all(f["verified"] for f in manifest["files"])
+    assert manifest["sets"] == [{"first": "UD-Q8_K_XL/Tiny-GLM-UD-Q8_K_XL-00001-of-00003.gguf", "count": 3,
+                                 "quant": "UD-Q8_K_XL", "complete": True,
+                                 "bytes": sum(len(v) for k, v in shard_files.items() if k.startswith("UD-"))}]
+    assert "serve it: pyllm serve unsloth/Tiny-GLM-GGUF:UD-Q8_K_XL" in result.stdout
+    listed = json.loads(run_pyllm("models", "--json", env=env, check=True).stdout)
+    assert [(r["repo"], r["quant"], r["shards"], r["complete"]) for r in listed] == [(REPO, "UD-Q8_K_XL", 3, True)]
+    doctor = run_pyllm("doctor", f"{REPO}:UD-Q8_K_XL", "--json", env=env)
+    assert doctor.returncode == 0, doctor.stderr
+    assert json.loads(doctor.stdout)["model"]["path"] == str(root / "UD-Q8_K_XL" / "Tiny-GLM-UD-Q8_K_XL-00001-of-00003.gguf")
+    before = len(hub.requests)
+    again = fetch(env, REPO, "--include", "UD-Q8_K_XL/*")
+    assert again.returncode == 0 and not [r for r in hub.requests[before:] if "/resolve/" in r[1]], "a complete set is not downloaded again"
+
+
+def test_a_connection_cut_mid_file_is_resumed_with_a_range_request(hub, env, shard_files, pyllm_home) -> None:
+    files = dict(shard_files)
+    name = "UD-Q8_K_XL/Tiny-GLM-UD-Q8_K_XL-00002-of-00003.gguf"
+    files[name] = HubFile(files[name], cut_after=11 << 20)  # past huggingface_hub's 10 MiB read chunk
+    hub.add_repo(REPO, files)
+    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*", "--workers", "1")
+    assert result.returncode == 0, result.stderr
+    ranged = [r for r in hub.requests if r[1].endswith(name.split("/")[1]) and r[0] == "GET" and "Range" in r[2]]
+    assert ranged and ranged[0][2]["Range"].startswith("bytes=") and int(ranged[0][2]["Range"][6:].rstrip("-")) > 0
+    assert len(shards(pyllm_home / "models" / "hf" / "unsloth--Tiny-GLM-GGUF")) == 3
+
+
+def test_a_corrupted_shard_is_detected_removed_and_fetched_again(hub, env, shard_files, pyllm_home) -> None:
+    files = dict(shard_files)
+    name = "UD-Q8_K_XL/Tiny-GLM-UD-Q8_K_XL-00003-of-00003.gguf"
+    files[name] = HubFile(files[name], corrupt=True)
+    hub.add_repo(REPO, files)
+    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*")
+    assert result.returncode == 1 and "00003-of-00003.gguf is corrupt" in result.stderr and result.stderr.count("\n") == 1
+    root = pyllm_home / "models" / "hf" / "unsloth--Tiny-GLM-GGUF"
+    assert not (root / name).exists() and not (root / ".pyllm-manifest.json").exists()
+    hub.repos[REPO].files[name].corrupt = False
+    assert fetch(env, REPO, "--include", "UD-Q8_K_XL/*").returncode == 0
+
+
+def test_a_shard_missing_on_the_hub_is_reported(hub, env, shard_files) -> None:
+    files = {k: v for k, v in shard_files.items() if "00002-of-00003" not in k}
+    hub.add_repo(REPO, files)
+    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*")
+    assert result.returncode == 1 and "lacks Tiny-GLM-UD-Q8_K_XL-00002-of-00003.gguf" in result.stderr
+
+
+def test_unknown_repo_is_a_404_mapped_to_our_error(hub, env) -> None:
+    result = fetch(env, "nobody/nothing-GGUF")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert "repository nobody/nothing-GGUF was not found" in result.stderr
+
+
+def test_gated_repo_needs_a_token(hub, env, shard_files) -> None:
+    hub.add_repo(REPO, shard_files, gated=True)
+    denied = fetch(env, REPO, "--include", "Q4_0/*")
+    assert denied.returncode == 1 and "gated or private" in denied.stderr and "--token" in denied.stderr
+    allowed = fetch(env, REPO, "--include", "Q4_0/*", "--token", hub.token)
+    assert allowed.returncode == 0, allowed.stderr
+
+
+def test_disk_space_is_checked_before_downloading(hub, env, shard_files) -> None:
+    files = dict(shard_files)
+    files["UD-Q8_K_XL/huge-00001-of-00001.gguf"] = HubFile(b"x" * 10, listed_size=10 * 2**40)
+    hub.add_repo(REPO, files)
+    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*")
+    assert result.returncode == 1 and "still to download but" in result.stderr and "GiB free" in result.stderr
+    assert not [r for r in hub.requests if "/resolve/" in r[1]], "nothing may be downloaded"
+
+
+def test_patterns_that_match_nothing_or_mix_quantizations_are_flagged(hub, env, shard_files) -> None:
+    hub.add_repo(REPO, shard_files)
+    nothing = fetch(env, REPO, "--include", "UD-Q8_K_X/*", "--dry-run")
+    assert nothing.returncode == 1 and "matches nothing; close: UD-Q8_K_XL/*" in nothing.stderr
+    mixed = fetch(env, REPO, "--include", "*.gguf", "--dry-run")
+    assert mixed.returncode == 0 and "mixes 2 quantizations (Q4_0, UD-Q8_K_XL)" in mixed.stderr
+    assert "4 file(s)" in mixed.stdout
+
+
+def test_unreachable_hub_suggests_a_mirror(env) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = fetch(dict(env, HF_ENDPOINT=f"http://127.0.0.1:{port}"), REPO)
+    assert result.returncode == 1 and "cannot reach" in result.stderr and "HF_ENDPOINT" in result.stderr
+
+
+def test_ctrl_c_leaves_a_resumable_download(hub, env, shard_files, pyllm_home) -> None:
+    files = dict(shard_files)
+    for name in [k for k in files if k.startswith("UD-")]:
+        files[name] = HubFile(files[name], slow=0.3)
+    hub.add_repo(REPO, files)
+    proc = subprocess.Popen([str(PYLLM), "fetch", REPO, "--include", "UD-Q8_K_XL/*", "--workers", "1"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root = pyllm_home / "models" / "hf" / "unsloth--Tiny-GLM-GGUF"
+    deadline = time.monotonic() + 60
+    while not list(root.rglob("*.incomplete")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0 and not (root / ".pyllm-manifest.json").exists()
+    # Never a cut-short file under its final name: what is there is whole, the rest is *.incomplete or absent.
+    finished = {str(p.relative_to(root)) for p in (root / "UD-Q8_K_XL").glob("*.gguf")}
+    assert len(finished) < 3
+    for name in finished:
+        assert (root / name).read_bytes() == shard_files[name]
+    before = len(hub.requests)
+    for f in hub.repos[REPO].files.values():
+        f.slow = 0.0
+    done = fetch(env, REPO, "--include", "UD-Q8_K_XL/*")
+    assert done.returncode == 0, done.stderr
+    fetched_again = {r[1].split("/resolve/")[1].split("/", 1)[1] for r in hub.requests[before:] if r[0] == "GET" and "/resolve/" in r[1]}
+    assert fetched_again and not fetched_again & finished, "files completed before Ctrl-C are not downloaded again"
