@@ -141,9 +141,9 @@ def _ms_list(repo: str, *, revision: str | None, token: str | None) -> tuple[str
         from modelscope.hub.api import HubApi
     except ImportError as exc:
         raise FetchError("ModelScope support needs the modelscope package: pip install 'pyllm-a100[modelscope]'") from exc
-    api = HubApi()
     if token:
-        api.login(token)
+        os.environ["MODELSCOPE_API_TOKEN"] = token  # modelscope-hub reads it for every request
+    api = HubApi()
     try:
         files = api.get_model_files(repo, revision=revision or "master", recursive=True)
     except Exception as exc:
@@ -151,7 +151,7 @@ def _ms_list(repo: str, *, revision: str | None, token: str | None) -> tuple[str
         if "not found" in text or "404" in text or "not exist" in text:
             raise RepoNotFound(f"repository {repo} was not found on ModelScope: check the name (owner/name)") from exc
         if "401" in text or "403" in text or "unauthorized" in text:
-            raise AccessDenied(f"{repo} is private or gated on ModelScope: pass a token (--token or MODELSCOPE_API_TOKEN)") from exc
+            raise AccessDenied(f"{repo} is gated or private on ModelScope and this request was not authorized: pass a token (--token or MODELSCOPE_API_TOKEN)") from exc
         raise _unreachable("modelscope", exc) from exc
     out = [RemoteFile(f["Path"], int(f.get("Size", 0)), f.get("Sha256") or None) for f in files if f.get("Type") != "tree"]
     return revision or "master", out
@@ -240,18 +240,28 @@ def download(plan: FetchPlan, root: Path, *, workers: int = 8, token: str | None
     else:
         from modelscope.hub.snapshot_download import snapshot_download as ms_snapshot_download
 
+        if token:
+            os.environ["MODELSCOPE_API_TOKEN"] = token
         try:
             ms_snapshot_download(plan.repo, revision=plan.commit, allow_patterns=patterns, local_dir=str(root),
                                  max_workers=workers)
         except OSError as exc:
             raise _disk_or_interrupted(plan, root, exc) from exc
         except Exception as exc:
+            text = str(exc)
+            if type(exc).__name__ == "FileIntegrityError" or "Hash mismatch" in text:
+                names = re.findall(r"^\s*-\s*(\S+): \[E\d+\] Hash mismatch", text, re.MULTILINE) or ["a file"]
+                raise VerificationFailed(
+                    f"{plan.repo}: {', '.join(names)} is corrupt (it failed ModelScope's sha256 check; the bad copy is "
+                    "discarded): run the same command again to re-download"
+                ) from exc
             raise _interrupted(plan, exc) from exc
     return root
 
 
 def _interrupted(plan: FetchPlan, exc: BaseException) -> FetchError:
-    return FetchError(f"download of {plan.repo} stopped ({type(exc).__name__}: {exc}); partial files are kept: run the same command again to resume")
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return FetchError(f"download of {plan.repo} stopped ({type(exc).__name__}: {first}); partial files are kept: run the same command again to resume")
 
 
 def _disk_or_interrupted(plan: FetchPlan, root: Path, exc: OSError) -> FetchError:

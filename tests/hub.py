@@ -18,7 +18,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 
 @dataclasses.dataclass
@@ -111,10 +111,90 @@ class FakeHub:
             return None
         return repo
 
+    def _ms_json(self, h, data, head: bool, status: int = 200) -> None:
+        body = json.dumps({"Code": status, "Success": status == 200, "Data": data, "Message": "" if status == 200 else "error"}).encode()
+        self._send(h, status, body, {"Content-Type": "application/json"}, head)
+
+    def handle_modelscope(self, h, path: str, query: dict, head: bool) -> bool:
+        """ModelScope's legacy API as modelscope-hub calls it: repo info, file list, file bytes."""
+        m = re.fullmatch(r"/api/v1/models/([^/]+/[^/]+)(/repo/files|/repo|/revisions)?", path)
+        if not m:
+            return False
+        repo = self.repos.get(m[1])
+        if repo is None:
+            self._ms_json(h, None, head, status=404)
+            return True
+        if repo.gated and h.headers.get("Authorization") != f"Bearer {self.token}" and self.token not in h.headers.get("Cookie", ""):
+            self._ms_json(h, None, head, status=401)
+            return True
+        if m[2] is None:
+            self._ms_json(h, {"Id": 1, "Path": m[1].split("/")[0], "Name": m[1].split("/")[1], "Revision": repo.commit}, head)
+        elif m[2] == "/revisions":
+            self._ms_json(h, {"RevisionMap": {"Branches": [{"Revision": "master"}], "Tags": []}}, head)
+        elif m[2] == "/repo/files":
+            root = query.get("Root", [""])[0]
+            entries = []
+            for p, f in sorted(repo.files.items()):
+                if root and not p.startswith(root.rstrip("/") + "/"):
+                    continue
+                size = f.listed_size if f.listed_size is not None else len(f.data)
+                entries.append({"Name": p.rsplit("/", 1)[-1], "Path": p, "Type": "blob", "Size": size,
+                                "Sha256": f.sha256, "Revision": repo.commit, "IsLFS": True})
+            self._ms_json(h, {"Files": entries}, head)
+        else:
+            self.send_file(h, repo, query.get("FilePath", [""])[0], head)
+        return True
+
+    def send_file(self, h, repo: HubRepo, name: str, head: bool) -> None:
+        f = repo.files.get(name)
+        if f is None:
+            self._error(h, 404, "EntryNotFound", "Entry not found", head)
+            return
+        data = bytes(b ^ 0xFF for b in f.data[:64]) + f.data[64:] if f.corrupt else f.data
+        start = 0
+        rng = h.headers.get("Range")
+        if rng:
+            start = int(re.match(r"bytes=(\d+)-", rng)[1])
+        body = data[start:]
+        headers = {
+            "X-Repo-Commit": repo.commit, "X-Linked-Etag": f'"{f.sha256}"', "ETag": f'"{f.git_oid}"',
+            "X-Linked-Size": len(f.data), "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream",
+            "Content-Length": len(body),
+        }
+        if head:
+            self._send(h, 200, b"", dict(headers, **{"Content-Length": len(data)}), head=True)
+            return
+        status = 200
+        if rng:
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        h.send_response(status)
+        for k, v in headers.items():
+            h.send_header(k, str(v))
+        h.end_headers()
+        if f.cut_after is not None and start < f.cut_after:
+            h.wfile.write(body[: f.cut_after - start])
+            h.wfile.flush()
+            f.cut_after = None  # one-shot
+            h.close_connection = True
+            try:
+                h.connection.shutdown(2)
+            except OSError:
+                pass
+            return
+        step = 1 << 20
+        for i in range(0, len(body), step):
+            h.wfile.write(body[i : i + step])
+            if f.slow:
+                h.wfile.flush()
+                time.sleep(f.slow)
+
     def handle(self, h: BaseHTTPRequestHandler, head: bool) -> None:
         url = urlparse(h.path)
         path = unquote(url.path)
         self.requests.append(("HEAD" if head else "GET", path, dict(h.headers)))
+        if self.handle_modelscope(h, path, parse_qs(url.query), head):
+            return
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
         if m:
             repo = self._repo(h, m[1], head)
@@ -143,48 +223,6 @@ class FakeHub:
             repo = self._repo(h, m[1], head)
             if repo is None:
                 return
-            f = repo.files.get(m[3])
-            if f is None:
-                self._error(h, 404, "EntryNotFound", "Entry not found", head)
-                return
-            data = bytes(b ^ 0xFF for b in f.data[:64]) + f.data[64:] if f.corrupt else f.data
-            start = 0
-            rng = h.headers.get("Range")
-            if rng:
-                start = int(re.match(r"bytes=(\d+)-", rng)[1])
-            body = data[start:]
-            headers = {
-                "X-Repo-Commit": repo.commit, "X-Linked-Etag": f'"{f.sha256}"', "ETag": f'"{f.git_oid}"',
-                "X-Linked-Size": len(f.data), "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream",
-                "Content-Length": len(body),
-            }
-            status = 200
-            if rng and not head:
-                status = 206
-                headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-            if head:
-                self._send(h, 200, b"", dict(headers, **{"Content-Length": len(data)}), head=True)
-                return
-            h.send_response(status)
-            for k, v in headers.items():
-                h.send_header(k, str(v))
-            h.end_headers()
-            if f.cut_after is not None and start < f.cut_after:
-                h.wfile.write(body[: f.cut_after - start])
-                h.wfile.flush()
-                f.cut_after = None  # one-shot
-                h.close_connection = True
-                try:
-                    h.connection.shutdown(2)
-                except OSError:
-                    pass
-                return
-            if f.slow:
-                for i in range(0, len(body), 1 << 20):
-                    h.wfile.write(body[i : i + (1 << 20)])
-                    h.wfile.flush()
-                    time.sleep(f.slow)
-                return
-            h.wfile.write(body)
+            self.send_file(h, repo, m[3], head)
             return
         self._error(h, 404, "NotFound", f"no route for {path}", head)

@@ -42,26 +42,42 @@ def hub():
 @pytest.fixture
 def env(hub: FakeHub, tmp_path: Path, pyllm_home: Path) -> dict[str, str]:
     return dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_XET="1",
-                HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", PYLLM_HOME=str(pyllm_home))
+                HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", PYLLM_HOME=str(pyllm_home),
+                MODELSCOPE_ENDPOINT=hub.url, MODELSCOPE_CACHE=str(tmp_path / "ms-cache"))
 
 
-def fetch(env: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return run_pyllm("fetch", *args, env=env, timeout=timeout)
+SOURCES = pytest.mark.parametrize("source", ["hf", "modelscope"])
+
+
+def fetch(env: dict, *args: str, timeout: float = 300, source: str = "hf") -> subprocess.CompletedProcess:
+    return run_pyllm("fetch", *args, "--source", source, env=env, timeout=timeout)
+
+
+def last_line(text: str) -> str:
+    """The one-line error (libraries may print their own progress above it)."""
+    return text.strip().splitlines()[-1]
 
 
 def shards(root: Path) -> list[str]:
     return sorted(p.name for p in (root / "UD-Q8_K_XL").glob("*.gguf"))
 
 
-def test_include_pattern_fetches_one_set_verifies_and_serve_finds_it(hub, env, shard_files, pyllm_home) -> None:
+def root_for(home: Path, source: str) -> Path:
+    return home / "models" / source / "unsloth--Tiny-GLM-GGUF"
+
+
+@SOURCES
+def test_include_pattern_fetches_one_set_verifies_and_serve_finds_it(hub, env, shard_files, pyllm_home, source) -> None:
     hub.add_repo(REPO, shard_files)
-    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*")
+    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*", source=source)
     assert result.returncode == 0, result.stderr
-    root = pyllm_home / "models" / "hf" / "unsloth--Tiny-GLM-GGUF"
+    root = root_for(pyllm_home, source)
     assert shards(root) == [f"Tiny-GLM-UD-Q8_K_XL-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
     assert not (root / "README.md").exists() and not (root / "Q4_0").exists()
     manifest = json.loads((root / ".pyllm-manifest.json").read_text())
-    assert manifest["commit"] == hub.repos[REPO].commit and all(f["verified"] for f in manifest["files"])
+    assert manifest["source"] == source and all(f["verified"] for f in manifest["files"])
+    if source == "hf":
+        assert manifest["commit"] == hub.repos[REPO].commit
     assert manifest["sets"] == [{"first": "UD-Q8_K_XL/Tiny-GLM-UD-Q8_K_XL-00001-of-00003.gguf", "count": 3,
                                  "quant": "UD-Q8_K_XL", "complete": True,
                                  "bytes": sum(len(v) for k, v in shard_files.items() if k.startswith("UD-"))}]
@@ -72,63 +88,72 @@ def test_include_pattern_fetches_one_set_verifies_and_serve_finds_it(hub, env, s
     assert doctor.returncode == 0, doctor.stderr
     assert json.loads(doctor.stdout)["model"]["path"] == str(root / "UD-Q8_K_XL" / "Tiny-GLM-UD-Q8_K_XL-00001-of-00003.gguf")
     before = len(hub.requests)
-    again = fetch(env, REPO, "--include", "UD-Q8_K_XL/*")
-    assert again.returncode == 0 and not [r for r in hub.requests[before:] if "/resolve/" in r[1]], "a complete set is not downloaded again"
+    again = fetch(env, REPO, "--include", "UD-Q8_K_XL/*", source=source)
+    assert again.returncode == 0, again.stderr
+    assert not [r for r in hub.requests[before:] if "/resolve/" in r[1] or r[1].endswith("/repo")], "a complete set is not downloaded again"
 
 
-def test_a_connection_cut_mid_file_is_resumed_with_a_range_request(hub, env, shard_files, pyllm_home) -> None:
+@SOURCES
+def test_a_connection_cut_mid_file_is_resumed_with_a_range_request(hub, env, shard_files, pyllm_home, source) -> None:
     files = dict(shard_files)
     name = "UD-Q8_K_XL/Tiny-GLM-UD-Q8_K_XL-00002-of-00003.gguf"
     files[name] = HubFile(files[name], cut_after=11 << 20)  # past huggingface_hub's 10 MiB read chunk
     hub.add_repo(REPO, files)
-    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*", "--workers", "1")
+    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*", "--workers", "1", source=source)
     assert result.returncode == 0, result.stderr
-    ranged = [r for r in hub.requests if r[1].endswith(name.split("/")[1]) and r[0] == "GET" and "Range" in r[2]]
-    assert ranged and ranged[0][2]["Range"].startswith("bytes=") and int(ranged[0][2]["Range"][6:].rstrip("-")) > 0
-    assert len(shards(pyllm_home / "models" / "hf" / "unsloth--Tiny-GLM-GGUF")) == 3
+    ranged = [r for r in hub.requests if r[0] == "GET" and "Range" in r[2] and int(r[2]["Range"][6:].split("-")[0]) > 0]
+    assert ranged, "the cut file must be resumed from where it stopped, not restarted"
+    assert len(shards(root_for(pyllm_home, source))) == 3
 
 
-def test_a_corrupted_shard_is_detected_removed_and_fetched_again(hub, env, shard_files, pyllm_home) -> None:
+@SOURCES
+def test_a_corrupted_shard_is_detected_removed_and_fetched_again(hub, env, shard_files, pyllm_home, source) -> None:
     files = dict(shard_files)
     name = "UD-Q8_K_XL/Tiny-GLM-UD-Q8_K_XL-00003-of-00003.gguf"
     files[name] = HubFile(files[name], corrupt=True)
     hub.add_repo(REPO, files)
-    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*")
-    assert result.returncode == 1 and "00003-of-00003.gguf is corrupt" in result.stderr and result.stderr.count("\n") == 1
-    root = pyllm_home / "models" / "hf" / "unsloth--Tiny-GLM-GGUF"
+    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*", source=source)
+    assert result.returncode == 1 and last_line(result.stderr).startswith("error: ") and "corrupt" in last_line(result.stderr)
+    root = root_for(pyllm_home, source)
     assert not (root / name).exists() and not (root / ".pyllm-manifest.json").exists()
     hub.repos[REPO].files[name].corrupt = False
-    assert fetch(env, REPO, "--include", "UD-Q8_K_XL/*").returncode == 0
+    fixed = fetch(env, REPO, "--include", "UD-Q8_K_XL/*", source=source)
+    assert fixed.returncode == 0, fixed.stderr
 
 
-def test_a_shard_missing_on_the_hub_is_reported(hub, env, shard_files) -> None:
+@SOURCES
+def test_a_shard_missing_on_the_hub_is_reported(hub, env, shard_files, source) -> None:
     files = {k: v for k, v in shard_files.items() if "00002-of-00003" not in k}
     hub.add_repo(REPO, files)
-    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*")
-    assert result.returncode == 1 and "lacks Tiny-GLM-UD-Q8_K_XL-00002-of-00003.gguf" in result.stderr
+    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*", source=source)
+    assert result.returncode == 1 and "lacks Tiny-GLM-UD-Q8_K_XL-00002-of-00003.gguf" in last_line(result.stderr)
 
 
-def test_unknown_repo_is_a_404_mapped_to_our_error(hub, env) -> None:
-    result = fetch(env, "nobody/nothing-GGUF")
+@SOURCES
+def test_unknown_repo_is_a_404_mapped_to_our_error(hub, env, source) -> None:
+    result = fetch(env, "nobody/nothing-GGUF", source=source)
     assert result.returncode == 1 and result.stderr.count("\n") == 1
     assert "repository nobody/nothing-GGUF was not found" in result.stderr
 
 
-def test_gated_repo_needs_a_token(hub, env, shard_files) -> None:
+@SOURCES
+def test_gated_repo_needs_a_token(hub, env, shard_files, source) -> None:
     hub.add_repo(REPO, shard_files, gated=True)
-    denied = fetch(env, REPO, "--include", "Q4_0/*")
-    assert denied.returncode == 1 and "gated or private" in denied.stderr and "--token" in denied.stderr
-    allowed = fetch(env, REPO, "--include", "Q4_0/*", "--token", hub.token)
+    denied = fetch(env, REPO, "--include", "Q4_0/*", source=source)
+    assert denied.returncode == 1 and denied.stderr.count("\n") == 1
+    assert "gated or" in denied.stderr and "token" in denied.stderr
+    allowed = fetch(env, REPO, "--include", "Q4_0/*", "--token", hub.token, source=source)
     assert allowed.returncode == 0, allowed.stderr
 
 
-def test_disk_space_is_checked_before_downloading(hub, env, shard_files) -> None:
+@SOURCES
+def test_disk_space_is_checked_before_downloading(hub, env, shard_files, source) -> None:
     files = dict(shard_files)
     files["UD-Q8_K_XL/huge-00001-of-00001.gguf"] = HubFile(b"x" * 10, listed_size=10 * 2**40)
     hub.add_repo(REPO, files)
-    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*")
+    result = fetch(env, REPO, "--include", "UD-Q8_K_XL/*", source=source)
     assert result.returncode == 1 and "still to download but" in result.stderr and "GiB free" in result.stderr
-    assert not [r for r in hub.requests if "/resolve/" in r[1]], "nothing may be downloaded"
+    assert not [r for r in hub.requests if "/resolve/" in r[1] or r[1].endswith("/repo")], "nothing may be downloaded"
 
 
 def test_patterns_that_match_nothing_or_mix_quantizations_are_flagged(hub, env, shard_files) -> None:
@@ -146,7 +171,7 @@ def test_unreachable_hub_suggests_a_mirror(env) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    result = fetch(dict(env, HF_ENDPOINT=f"http://127.0.0.1:{port}"), REPO)
+    result = fetch(dict(env, HF_ENDPOINT=f"http://127.0.0.1:{port}"), REPO, "--include", "x/*")
     assert result.returncode == 1 and "cannot reach" in result.stderr and "HF_ENDPOINT" in result.stderr
 
 
