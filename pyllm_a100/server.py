@@ -13,27 +13,24 @@ status and the log lines that explain it (:mod:`pyllm_a100.failures`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import ipaddress
 import logging
 import os
 import re
-import signal
 import socket
-import subprocess
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 
 from . import failures
-from .errors import PortInUse, ServerConfigError, ServerDied, ServerStartTimeout
+from .errors import PortInUse, ServerConfigError
 from .gguf_files import ModelFiles, resolve_model
 from .native import binary, build_info
+from .process import ManagedProcess
 from .splits import check_against_devices, parse_tensor_split, to_llama_arg
 
 log = logging.getLogger(__name__)
@@ -207,15 +204,6 @@ def make_config(
 # --- the process -------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when the parent dies (even by SIGKILL)."""
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 @dataclasses.dataclass(frozen=True)
 class LoadProgress:
     phase: str  # "loading" (model bytes coming in), "preparing" (all mapped, not ready yet), "ready"
@@ -253,8 +241,10 @@ def _process_bytes(pid: int) -> int:
     return best
 
 
-class Server:
-    """A llama-server child process: start, wait until ready, stop; optional supervision."""
+class Server(ManagedProcess):
+    """A managed llama-server: start, wait until /health is 200, stop; optional supervision."""
+
+    name = "llama-server"
 
     def __init__(
         self,
@@ -278,21 +268,10 @@ class Server:
             config = make_config(model, **options)
         self.config = config
         self.api_key = api_key
-        self.log_path = Path(log_path) if log_path else None
-        self.ready_timeout = ready_timeout
-        self.restart = restart
         self.on_progress = on_progress
-        self.on_event = on_event or (lambda message: log.info("%s", message))
-        self.env = env
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.restarts = 0
-        self.status = "starting"  # starting -> ready -> (restarting -> ready)* -> failed | stopped
-        self.last_exit: str | None = None
-        self._log_file: IO[bytes] | None = None
-        self._stopping = threading.Event()
-        self._supervisor: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self.argv = config.to_argv(binary("llama-server"))
+        self._loaded = 0
+        super().__init__(config.to_argv(binary("llama-server")), log_path=log_path, ready_timeout=ready_timeout,
+                         restart=restart, on_event=on_event, env=env)
 
     @staticmethod
     def _write_key_file(api_key: str, log_path: str | os.PathLike[str] | None) -> Path:
@@ -323,64 +302,7 @@ class Server:
     def openai_base_url(self) -> str:
         return self.base_url + "/v1"
 
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    # -- lifecycle
-
-    def __enter__(self) -> Server:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def start(self) -> Server:
-        """Start llama-server and wait until /health answers 200 (or raise why not)."""
-        self._spawn()
-        self.wait_ready()
-        self.status = "ready"
-        if self.restart > 0 and self._supervisor is None:
-            self._supervisor = threading.Thread(target=self._supervise, name="pyllm-supervisor", daemon=True)
-            self._supervisor.start()
-        return self
-
-    def _spawn(self) -> None:
-        env = dict(self.env if self.env is not None else os.environ)
-        env.setdefault("CUDA_CACHE_MAXSIZE", "4294967296")  # keep JIT-compiled PTX between runs
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log_file = open(self.log_path, "ab", buffering=0)
-        else:
-            import tempfile
-
-            self._log_file = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
-            self.log_path = Path(self._log_file.name)
-        header = f"\n=== pyllm-a100: starting llama-server: {' '.join(self.argv)}\n".encode()
-        self._log_file.write(header)
-        self._log_file.flush()
-        self._log_start = self._log_file.tell()
-        self.proc = subprocess.Popen(
-            self.argv, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
-            env=env, preexec_fn=_die_with_parent, close_fds=True,
-        )
-        self._log_file.write(f"=== pyllm-a100: llama-server pid {self.proc.pid}\n".encode())
-        self._started_at = time.monotonic()
-        self.on_event(f"started llama-server (pid {self.proc.pid}), log {self.log_path}")
-
-    def log_text(self, since_start: bool = True) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        with open(self.log_path, "rb") as f:
-            if since_start:
-                f.seek(getattr(self, "_log_start", 0))
-            return f.read().decode("utf-8", errors="replace")
-
-    def _died(self) -> ServerDied:
-        assert self.proc is not None
-        code = self.proc.returncode
-        return ServerDied(failures.explain(self.log_text(), code, self.config, log_path=self.log_path))
+    # -- readiness and progress
 
     def healthy(self, timeout: float = 2.0) -> bool:
         try:
@@ -388,94 +310,25 @@ class Server:
         except httpx.HTTPError:
             return False
 
-    def wait_ready(self) -> None:
+    def ready(self) -> bool:
+        return self.healthy(timeout=1.0)
+
+    def _spawn(self) -> None:
+        self._loaded = 0
+        super()._spawn()
+
+    def on_waiting(self) -> None:
         assert self.proc is not None
         total = self.config.model.total_bytes
-        best = 0
-        deadline = None if self.ready_timeout is None else time.monotonic() + self.ready_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise self._died()
-            if self.healthy(timeout=1.0):
-                if self.on_progress:
-                    self.on_progress(LoadProgress("ready", total, total, time.monotonic() - self._started_at))
-                return
-            best = max(best, _process_bytes(self.proc.pid))
-            if self.on_progress:
-                phase = "loading" if best < total * 0.98 else "preparing"
-                self.on_progress(LoadProgress(phase, min(best, total), total, time.monotonic() - self._started_at))
-            if deadline is not None and time.monotonic() > deadline:
-                tail = failures.tail(self.log_text(), 3)
-                self.stop()
-                raise ServerStartTimeout(f"llama-server was not ready after {self.ready_timeout:.0f} s (last log: {tail}); see {self.log_path}")
-            time.sleep(0.25)
+        self._loaded = max(self._loaded, _process_bytes(self.proc.pid))
+        if self.on_progress:
+            phase = "loading" if self._loaded < total * 0.98 else "preparing"
+            self.on_progress(LoadProgress(phase, min(self._loaded, total), total, time.monotonic() - self._started_at))
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """TERM, bounded wait, KILL, bounded wait. Safe to call twice."""
-        self._stopping.set()
-        if self.status != "failed":
-            self.status = "stopped"
-        with self._lock:
-            proc = self.proc
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=5)
-            if self._log_file is not None:
-                self._log_file.close()
-                self._log_file = None
-        if self._supervisor is not None and self._supervisor is not threading.current_thread():
-            self._supervisor.join(timeout=5)
+    def on_ready(self) -> None:
+        if self.on_progress:
+            total = self.config.model.total_bytes
+            self.on_progress(LoadProgress("ready", total, total, time.monotonic() - self._started_at))
 
-    def wait(self) -> int:
-        """Block until the server ends for good (supervision included); its exit status."""
-        while True:
-            if self._supervisor is not None and self._supervisor.is_alive():
-                self._supervisor.join(timeout=0.5)
-                continue
-            assert self.proc is not None
-            code = self.proc.wait()
-            if self._supervisor is not None and self._supervisor.is_alive():
-                continue
-            return code
-
-    # -- supervision
-
-    def _supervise(self) -> None:
-        """Restart llama-server when it dies after being ready, with backoff, up to ``restart`` times."""
-        while not self._stopping.is_set():
-            assert self.proc is not None
-            code = self.proc.poll()
-            if code is None:
-                self._stopping.wait(0.2)
-                continue
-            if self._stopping.is_set():
-                return
-            reason = failures.explain(self.log_text(), code, self.config, log_path=self.log_path)
-            self.last_exit = reason
-            if self.restarts >= self.restart:
-                self.status = "failed"
-                self.on_event(f"llama-server died ({reason}); not restarting: {self.restart} restart(s) used")
-                return
-            delay = min(30.0, 1.0 * 2**self.restarts)
-            self.restarts += 1
-            self.status = "restarting"
-            self.on_event(f"llama-server died ({reason}); restart {self.restarts}/{self.restart} in {delay:.0f} s")
-            if self._stopping.wait(delay):
-                return
-            with self._lock:
-                if self._stopping.is_set():
-                    return
-                if self._log_file is not None:
-                    self._log_file.close()
-                self._spawn()
-            try:
-                self.wait_ready()
-                self.status = "ready"
-                self.on_event(f"llama-server ready again (pid {self.proc.pid})")
-            except ServerDied as exc:
-                self.on_event(f"restart failed: {exc}")
+    def explain(self, code: int | None) -> str:
+        return failures.explain(self.log_text(), code, self.config, log_path=self.log_path)
