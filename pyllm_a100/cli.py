@@ -135,6 +135,7 @@ def serve_cmd(
     cors_origins: Annotated[Optional[str], typer.Option(help="Widen CORS beyond the server's own origin (e.g. '*').")] = None,
     alias: Annotated[Optional[str], typer.Option(help="Model name clients use (default: the file's).")] = None,
     name: Annotated[Optional[str], typer.Option(help="Name in pyllm ps/stop/logs (default: MODEL-PORT).")] = None,
+    rpc: Annotated[Optional[str], typer.Option(help="rpc-server workers HOST:PORT[,...] holding layers too (pyllm rpc-worker).")] = None,
     detach: Annotated[bool, typer.Option(help="Return once ready; a supervisor keeps it running.")] = False,
     restart: Annotated[Optional[int], typer.Option(help="Restarts after a crash (default: 3 detached, 0 in the foreground).")] = None,
 ) -> None:
@@ -147,13 +148,16 @@ def serve_cmd(
     request = service.ServeRequest(
         model=model, host=host, port=port, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
         tensor_split=tensor_split, split_mode=split_mode, parallel=parallel, cors_origins=cors_origins,
-        alias=alias, extra_args=list(ctx.args), restart=restart if restart is not None else (3 if detach else 0),
+        alias=alias, rpc=rpc, extra_args=list(ctx.args), restart=restart if restart is not None else (3 if detach else 0),
         name=name,
     )
     prepared = service.prepare(request, api_key=api_key)
+    if prepared.config.rpc:
+        _print_devices(prepared.config.rpc, prepared.config.tensor_split)
     key = api_key or prepared.generated_key
     cfg = prepared.config
-    gpus = f", layers on GPU: {cfg.n_gpu_layers}" if cfg.n_gpu_layers else ", CPU"
+    offload = "all" if (cfg.n_gpu_layers or 0) >= 999 else cfg.n_gpu_layers
+    gpus = f", layers offloaded: {offload}" + (" (RPC workers)" if cfg.rpc else "") if cfg.n_gpu_layers else ", CPU"
     split = f", tensor split {tensor_split}" if tensor_split else ""
     err.print(
         f"serving {cfg.model.first.name} ({cfg.model.architecture}, {len(cfg.model.shards)} file(s), "
@@ -227,12 +231,13 @@ def demo_cmd() -> None:
 def doctor_cmd(
     model: Annotated[Optional[str], typer.Argument(help="A .gguf file, shard 1 of a set, or a folder holding one set.")] = None,
     ctx_size: Annotated[Optional[int], typer.Option(help="Context to plan for (default: the model's, at most 16384).")] = None,
+    rpc: Annotated[Optional[str], typer.Option(help="Also list these rpc-server workers' devices (HOST:PORT[,...]).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """GPUs, driver, toolchain and this build; with MODEL: support, memory fit and a serve command."""
     from .doctor import gather
 
-    report = gather(model, ctx_size)
+    report = gather(model, ctx_size, rpc=rpc)
     if as_json:
         print(json.dumps(report, indent=2))
         return
@@ -243,6 +248,9 @@ def doctor_cmd(
                   f"{g['memory_total'] / 2**30:.0f} GiB ({g['memory_free'] / 2**30:.0f} GiB free){mig}")
     else:
         print("GPUs: none visible (no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides them)")
+    for w in report.get("rpc", []):
+        devices = ", ".join(f"{d['description']} {d['total_mib'] / 1024:.1f} GiB ({d['free_mib'] / 1024:.1f} free)" for d in w["devices"]) or "-"
+        print(f"rpc {w['endpoint']}: RPC {w['version']}, {devices}")
     d = report["driver"]
     print(f"driver: {d['version']} (CUDA <= {d['cuda_version']})" if d else "driver: not found")
     t = report["toolchain"]
@@ -321,6 +329,58 @@ def models_cmd(as_json: JsonFlag = False) -> None:
         print(f"{r['repo']:<44} {r['quant'] or '-':<14} {r['shards']:>6} {r['bytes'] / 2**30:>8.2f}G  {state:<10} {r['path']}")
 
 
+def _print_devices(endpoints, split) -> None:
+    """The devices llama.cpp will use (local GPUs and RPC workers), their memory, and each one's share."""
+    from .rpc import list_devices
+
+    devices = list_devices(endpoints)
+    weights = split or [1.0] * len(devices)
+    weights = list(weights) + [0.0] * (len(devices) - len(weights))
+    total = sum(weights) or 1.0
+    for device, weight in zip(devices, weights):
+        err.print(f"  {device.name:<6} {device.description:<36} {device.total_mib / 1024:7.1f} GiB ({device.free_mib / 1024:.1f} free)  share {weight / total:5.1%}")
+
+
+@app.command("rpc-worker")
+def rpc_worker_cmd(
+    host: Annotated[str, typer.Option(help="Address to bind (loopback unless --allow-network).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 50052,
+    device: Annotated[Optional[str], typer.Option(help="Devices to offer, e.g. CUDA0,CUDA1 (default: all).")] = None,
+    cache: Annotated[bool, typer.Option(help="Cache received tensors on local disk (faster reloads).")] = False,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads for a CPU device.")] = None,
+    allow_network: Annotated[bool, typer.Option(
+        help="Bind a non-loopback address. rpc-server has NO authentication and has had memory-safety bugs "
+             "reachable over the network: use only on a private network or behind a tunnel.")] = False,
+    name: Annotated[Optional[str], typer.Option(help="Name in pyllm ps/stop/logs (default: rpc-worker-PORT).")] = None,
+    detach: Annotated[bool, typer.Option(help="Return once it answers; a supervisor keeps it running.")] = False,
+    restart: Annotated[Optional[int], typer.Option(help="Restarts after a crash (default: 3 detached, 0 in the foreground).")] = None,
+) -> None:
+    """Run llama.cpp's rpc-server from this build, supervised, so pyllm serve --rpc can put layers here."""
+    from . import service
+    from .rpc import NO_AUTH_WARNING
+
+    request = service.WorkerRequest(host=host, port=port, devices=device, cache=cache, threads=threads,
+                                    allow_network=allow_network, name=name,
+                                    restart=restart if restart is not None else (3 if detach else 0))
+    prepared = service.prepare_worker(request)
+    if allow_network:
+        err.print(f"[yellow]warning:[/] {NO_AUTH_WARNING}")
+    endpoint = prepared.config.endpoint
+    if detach:
+        proc = service.start_detached(prepared)
+        service.wait_detached(prepared, proc)
+        print(f"rpc-server ready at {prepared.config.host}:{port} as {prepared.directory.name} (supervisor pid {proc.pid})")
+        print(f"use it: pyllm serve MODEL --rpc {endpoint}   stop it: pyllm stop {prepared.directory.name}")
+        return
+
+    def ready(worker) -> None:
+        print(f"rpc-server ready at {prepared.config.host}:{port} (pid {worker.pid}); use it: pyllm serve MODEL --rpc {endpoint}")
+        print("Ctrl-C stops it.")
+        sys.stdout.flush()
+
+    sys.exit(service.run(prepared, on_ready=ready, on_event=lambda m: err.print(m, highlight=False)))
+
+
 @app.command("_supervise", hidden=True)
 def supervise_cmd(directory: Path) -> None:
     """(internal) Run a detached server described by DIRECTORY/request.json."""
@@ -343,10 +403,11 @@ def ps_cmd(as_json: JsonFlag = False) -> None:
     if not live:
         print("no managed servers")
         return
-    print(f"{'NAME':<28} {'STATUS':<11} {'URL':<26} {'PID':>7} {'RESTARTS':>8}  MODEL")
+    print(f"{'NAME':<28} {'KIND':<10} {'STATUS':<11} {'URL':<26} {'PID':>7} {'RESTARTS':>8}  MODEL")
     for e in live:
         d = e.data
-        print(f"{e.name:<28} {d.get('status', '?'):<11} {d.get('url', ''):<26} {d.get('server_pid') or '-':>7} {d.get('restarts', 0):>8}  {d.get('model', '')}")
+        print(f"{e.name:<28} {d.get('kind', 'server'):<10} {d.get('status', '?'):<11} {d.get('url', ''):<26} "
+              f"{d.get('server_pid') or '-':>7} {d.get('restarts', 0):>8}  {d.get('model', '')}")
 
 
 @app.command("stop")

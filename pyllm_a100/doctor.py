@@ -141,7 +141,19 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
     return report, findings, suggestion
 
 
-def gather(model: str | None = None, ctx_size: int | None = None) -> dict[str, Any]:
+def rpc_report(spec: str) -> list[dict[str, Any]]:
+    """Each rpc-server worker: its protocol version and devices with memory (llama.cpp's own listing)."""
+    from .rpc import hello, list_devices, parse_endpoints
+
+    workers = []
+    for endpoint in parse_endpoints(spec):
+        version = ".".join(map(str, hello(endpoint)))
+        devices = [dataclasses.asdict(d) for d in list_devices([endpoint]) if d.name.startswith("RPC")]
+        workers.append({"endpoint": str(endpoint), "version": version, "devices": devices})
+    return workers
+
+
+def gather(model: str | None = None, ctx_size: int | None = None, rpc: str | None = None) -> dict[str, Any]:
     info = build_info()
     gpus = visible_gpus()
     drv = driver()
@@ -159,6 +171,8 @@ def gather(model: str | None = None, ctx_size: int | None = None) -> dict[str, A
         "toolchain": toolchain(),
         "build": {k: info.get(k) for k in ("version", "llama_cpp_commit", "source", "cuda", "cuda_version", "cuda_architectures", "patches")},
     }
+    if rpc:
+        report["rpc"] = rpc_report(rpc)
     suggestion = None
     if model is not None:
         report["model"], model_findings, suggestion = model_report(model, ctx_size, gpus, info)

@@ -24,7 +24,8 @@ PyllmError
     ├── PortInUse (OSError)
     ├── ServerDied                            exited; the message explains the log
     ├── ServerStartTimeout (TimeoutError)
-    └── ServerNotFound (LookupError)          pyllm stop/logs NAME with no such server
+    ├── ServerNotFound (LookupError)          pyllm stop/logs NAME with no such server
+    └── RpcError (ConnectionError)            an rpc-server that does not answer, or an unsafe bind
 
 The CLI prints any PyllmError as one line and exits 1 (traceback with PYLLM_DEBUG=1).
 """
@@ -130,3 +131,7 @@ class NotEnoughDisk(FetchError, OSError):
 
 class VerificationFailed(FetchError, ValueError):
     """``x/y: UD-Q8_K_XL/m-00002-of-00005.gguf is corrupt (sha256 ...): run the same command again``"""
+
+
+class RpcError(ServerError, ConnectionError):
+    """``no rpc-server answers at 10.0.0.2:50052 (connection refused): start one there``"""

@@ -63,6 +63,13 @@ def explain(log: str, code: int | None, config: Any = None, *, log_path: Path | 
             f"this build has CUDA code for sm {archs} only, which cannot run on {gpus}: reinstall with "
             f"-C cmake.define.CMAKE_CUDA_ARCHITECTURES=\"{archs};<your GPU's sm>\"{where}"
         )
+    if "Remote RPC server crashed or returned malformed response" in log or re.search(r"Failed to connect to \S+:\d+", log):
+        m = re.search(r"Failed to connect to (\S+:\d+)", log)
+        workers = m[1] if m else ", ".join(map(str, getattr(config, "rpc", []) or [])) or "an rpc-server"
+        return (
+            f"llama-server lost its RPC worker(s) ({workers}): a worker died or the network dropped; restart the worker "
+            f"(pyllm rpc-worker ...; `pyllm doctor --rpc {workers}` checks them), then the server{where}"
+        )
     m = re.search(r"unknown model architecture: '([^']+)'", log)
     if m:
         return (

@@ -14,7 +14,6 @@ status and the log lines that explain it (:mod:`pyllm_a100.failures`).
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import logging
 import os
 import re
@@ -30,6 +29,7 @@ from . import failures
 from .errors import PortInUse, ServerConfigError
 from .gguf_files import ModelFiles, resolve_model
 from .native import binary, build_info
+from .net import free_port, is_loopback, port_in_use, port_owner
 from .process import ManagedProcess
 from .splits import check_against_devices, parse_tensor_split, to_llama_arg
 
@@ -38,44 +38,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 8080
 DEFAULT_CTX = 16384
 SPLIT_MODES = ("layer", "row", "tensor", "none")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _port_owner(port: int) -> str:
-    try:
-        import psutil
-
-        for conn in psutil.net_connections(kind="inet"):
-            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
-                proc = psutil.Process(conn.pid)
-                return f" by PID {conn.pid} ({' '.join(proc.cmdline()[:3])})"
-    except Exception:  # permissions, races: the owner is a nicety
-        pass
-    return ""
 
 
 @dataclasses.dataclass
@@ -93,6 +55,7 @@ class ServerConfig:
     api_key_file: Path | None = None
     cors_origins: str | None = None  # None: the server's own origin
     alias: str | None = None
+    rpc: list[Any] = dataclasses.field(default_factory=list)  # rpc.Endpoint: remote devices (rpc-server)
     extra_args: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -138,6 +101,8 @@ class ServerConfig:
             argv += ["--parallel", str(self.parallel)]
         if self.api_key_file is not None:
             argv += ["--api-key-file", str(self.api_key_file)]
+        if self.rpc:
+            argv += ["--rpc", ",".join(map(str, self.rpc))]
         return argv + list(self.extra_args)
 
 
@@ -163,6 +128,7 @@ def make_config(
     api_key_file: str | os.PathLike[str] | None = None,
     cors_origins: str | None = None,
     alias: str | None = None,
+    rpc: str | Sequence[Any] | None = None,
     extra_args: Sequence[str] = (),
     require_api_key: bool = True,
 ) -> ServerConfig:
@@ -181,15 +147,28 @@ def make_config(
     if not 1 <= port <= 65535:
         raise ServerConfigError(f"--port {port}: must be between 1 and 65535")
     if port_in_use(host, port):
-        raise PortInUse(f"port {port} on {host} is already in use{_port_owner(port)}: pass another --port, or stop that server (pyllm ps / pyllm stop)")
+        raise PortInUse(f"port {port} on {host} is already in use{port_owner(port)}: pass another --port, or stop that server (pyllm ps / pyllm stop)")
+    endpoints: list[Any] = []
+    if rpc:
+        from . import rpc as rpc_module
+
+        endpoints = rpc_module.parse_endpoints(rpc) if isinstance(rpc, str) else list(rpc)
+        for endpoint in endpoints:
+            rpc_module.hello(endpoint)  # each worker must answer before llama-server is started
     parts = None
     if tensor_split is not None:
         parts = parse_tensor_split(tensor_split)
-        from .gpus import visible_gpus
+        if endpoints:
+            from .rpc import list_devices
 
-        check_against_devices(parts, len(visible_gpus()), text=str(tensor_split))
+            n_devices = len(list_devices(endpoints))  # local GPUs and remote devices, in llama.cpp's order
+        else:
+            from .gpus import visible_gpus
+
+            n_devices = len(visible_gpus())
+        check_against_devices(parts, n_devices, text=str(tensor_split))
     if n_gpu_layers is None:
-        n_gpu_layers = default_gpu_layers()
+        n_gpu_layers = 999 if endpoints else default_gpu_layers()  # remote devices hold layers too
     if api_key_file is not None and not Path(api_key_file).is_file():
         raise ServerConfigError(f"API key file {api_key_file} does not exist")
     if require_api_key and not is_loopback(host) and api_key_file is None:
@@ -197,7 +176,7 @@ def make_config(
     return ServerConfig(
         model=files, host=host, port=port, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers, tensor_split=parts,
         split_mode=split_mode, parallel=parallel, api_key_file=Path(api_key_file) if api_key_file else None,
-        cors_origins=cors_origins, alias=alias, extra_args=list(extra_args),
+        cors_origins=cors_origins, alias=alias, rpc=endpoints, extra_args=list(extra_args),
     )
 
 

@@ -1,8 +1,9 @@
-"""`pyllm serve` as a library: one managed server with its state folder, foreground or detached.
+"""`pyllm serve` and `pyllm rpc-worker` as a library: one managed process with its state folder.
 
-Foreground: this process owns llama-server (it dies with us, even on SIGKILL) and stops
-it on SIGINT/SIGTERM. Detached: a new session runs ``pyllm _supervise DIR`` which owns
-llama-server the same way and restarts it when it dies; the caller returns once ready.
+Foreground: this process owns the child (llama-server or rpc-server; it dies with us,
+even on SIGKILL) and stops it on SIGINT/SIGTERM. Detached: a new session runs
+``pyllm _supervise DIR`` which owns the child the same way and restarts it when it dies;
+the caller returns once ready. Both kinds show in `pyllm ps` and obey `stop`/`logs`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ import psutil
 
 from . import state
 from .errors import ServerDied, ServerError
-from .server import LoadProgress, Server, ServerConfig, is_loopback, make_config
+from .net import is_loopback
+from .process import ManagedProcess
+from .rpc import DEFAULT_PORT as DEFAULT_RPC_PORT
+from .rpc import RpcWorker, WorkerConfig
+from .server import LoadProgress, Server, ServerConfig, make_config
 
 REQUEST = "request.json"
 
@@ -42,27 +47,70 @@ class ServeRequest:
     parallel: int | None = None
     cors_origins: str | None = None
     alias: str | None = None
+    rpc: str | None = None
     extra_args: list[str] = dataclasses.field(default_factory=list)
     restart: int = 0
     name: str | None = None
     api_key_file: str | None = None
+    kind: str = "server"
 
     def to_config(self, *, require_api_key: bool = True) -> ServerConfig:
         """Validated ServerConfig (raises the one-line errors for bad input)."""
         return make_config(
             self.model, host=self.host, port=self.port, ctx_size=self.ctx_size, n_gpu_layers=self.n_gpu_layers,
             tensor_split=self.tensor_split, split_mode=self.split_mode, parallel=self.parallel,
-            cors_origins=self.cors_origins, alias=self.alias, extra_args=self.extra_args,
+            cors_origins=self.cors_origins, alias=self.alias, rpc=self.rpc, extra_args=self.extra_args,
             api_key_file=self.api_key_file, require_api_key=require_api_key,
         )
 
 
 @dataclasses.dataclass
+class WorkerRequest:
+    """What `pyllm rpc-worker` was asked (JSON-serialisable, like ServeRequest)."""
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_RPC_PORT
+    devices: str | None = None
+    cache: bool = False
+    threads: int | None = None
+    allow_network: bool = False
+    restart: int = 0
+    name: str | None = None
+    kind: str = "rpc-worker"
+
+    def to_config(self) -> WorkerConfig:
+        return WorkerConfig(host=self.host, port=self.port, devices=self.devices, cache=self.cache,
+                            threads=self.threads, allow_network=self.allow_network)
+
+
+@dataclasses.dataclass
 class Prepared:
-    request: ServeRequest
-    config: ServerConfig
+    request: ServeRequest | WorkerRequest
+    config: ServerConfig | WorkerConfig
     directory: Path
-    generated_key: str | None  # shown once to the user, never again
+    generated_key: str | None = None  # shown once to the user, never again
+
+    def make_process(self, **callbacks: Any) -> ManagedProcess:
+        log_path = self.directory / "server.log"
+        if isinstance(self.config, WorkerConfig):
+            callbacks.pop("on_progress", None)
+            return RpcWorker(self.config, log_path=log_path, restart=self.request.restart, **callbacks)
+        return Server(config=self.config, log_path=log_path, restart=self.request.restart, **callbacks)
+
+    def describe(self) -> dict[str, Any]:
+        if isinstance(self.config, WorkerConfig):
+            return {"kind": "rpc-worker", "host": self.config.host, "port": self.config.port,
+                    "url": f"rpc://{self.config.endpoint}", "model": f"devices: {self.config.devices or 'all'}"}
+        return {"kind": "server", "host": self.config.host, "port": self.config.port, "url": self.config.public_url,
+                "model": str(self.config.model.first), "served_name": self.config.served_name,
+                "api_key_file": self.request.api_key_file}
+
+
+def prepare_worker(request: WorkerRequest) -> Prepared:
+    config = request.to_config()  # validates (loopback rule, port) before anything is written
+    directory = state.new_server_dir(request.name or f"rpc-worker-{config.port}")
+    request.name = directory.name
+    return Prepared(request, config, directory)
 
 
 def prepare(request: ServeRequest, api_key: str | None = None) -> Prepared:
@@ -81,7 +129,7 @@ def prepare(request: ServeRequest, api_key: str | None = None) -> Prepared:
     return Prepared(request, config, directory, generated)
 
 
-def _state_record(prepared: Prepared, server: Server | None, status: str, **extra: Any) -> dict[str, Any]:
+def _state_record(prepared: Prepared, server: ManagedProcess | None, status: str, **extra: Any) -> dict[str, Any]:
     me = psutil.Process()
     return {
         "name": prepared.directory.name,
@@ -89,12 +137,7 @@ def _state_record(prepared: Prepared, server: Server | None, status: str, **extr
         "supervisor_pid": me.pid,
         "started_at": me.create_time(),
         "server_pid": server.pid if server else None,
-        "host": prepared.config.host,
-        "port": prepared.config.port,
-        "url": prepared.config.public_url,
-        "model": str(prepared.config.model.first),
-        "served_name": prepared.config.served_name,
-        "api_key_file": prepared.request.api_key_file,
+        **prepared.describe(),
         "restart_limit": prepared.request.restart,
         "restarts": server.restarts if server else 0,
         "log": str(prepared.directory / "server.log"),
@@ -111,12 +154,12 @@ def run(
     *,
     on_progress: Callable[[LoadProgress], None] | None = None,
     on_event: Callable[[str], None] | None = None,
-    on_ready: Callable[[Server], None] | None = None,
+    on_ready: Callable[[ManagedProcess], None] | None = None,
 ) -> int:
-    """Run the server until it ends or we are told to stop (SIGINT/SIGTERM); exit status for the CLI."""
+    """Run the child until it ends or we are told to stop (SIGINT/SIGTERM); exit status for the CLI."""
     directory = prepared.directory
     last_saved = [0.0]
-    server: Server | None = None
+    server: ManagedProcess | None = None
 
     def progress(p: LoadProgress) -> None:
         now = time.monotonic()
@@ -139,8 +182,7 @@ def run(
         raise _Terminate()
 
     previous = signal.signal(signal.SIGTERM, terminate)
-    server = Server(config=prepared.config, log_path=directory / "server.log", restart=prepared.request.restart,
-                    on_progress=progress, on_event=event)
+    server = prepared.make_process(on_progress=progress, on_event=event)
     state.save(directory, _state_record(prepared, server, "starting"))
     try:
         server.start()
@@ -197,14 +239,15 @@ def wait_detached(prepared: Prepared, proc: subprocess.Popen[bytes], on_progress
         code = proc.poll()
         if code is not None:
             tail = (prepared.directory / "supervisor.log").read_text(errors="replace").strip().splitlines()[-1:] if (prepared.directory / "supervisor.log").exists() else []
-            raise ServerDied(f"the detached supervisor exited ({code}) before the server was ready: {' '.join(tail)}")
+            raise ServerDied(f"the detached supervisor exited ({code}) before it was ready: {' '.join(tail)}")
         time.sleep(0.25)
 
 
 def supervise(directory: Path) -> int:
     """Entry point of the detached supervisor (``pyllm _supervise DIR``)."""
-    request = ServeRequest(**json.loads((directory / REQUEST).read_text()))
-    prepared = Prepared(request, request.to_config(), directory, None)
+    data = json.loads((directory / REQUEST).read_text())
+    request = WorkerRequest(**data) if data.get("kind") == "rpc-worker" else ServeRequest(**data)
+    prepared = Prepared(request, request.to_config(), directory)
     try:
         return run(prepared, on_event=lambda m: print(m, flush=True))
     except ServerError as exc:

@@ -44,8 +44,8 @@ def check_against_devices(parts: list[float], n_devices: int, *, text: str = "")
         )
     if len(parts) > n_devices:
         raise TensorSplitError(
-            f"--tensor-split {shown} has {len(parts)} parts but {n_devices} GPU(s) are visible "
-            f"(CUDA_VISIBLE_DEVICES respected): use 1x{n_devices}, or make more GPUs visible"
+            f"--tensor-split {shown} has {len(parts)} parts but {n_devices} device(s) are available "
+            f"(GPUs visible through CUDA_VISIBLE_DEVICES, plus --rpc workers): use 1x{n_devices}, or add devices"
         )
 
 

@@ -1,0 +1,108 @@
+"""llama.cpp's RPC backend on loopback: two rpc-workers holding a model's layers, failures, safety."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from conftest import run_pyllm
+
+
+@pytest.fixture
+def workers():
+    """Start RpcWorkers on free loopback ports; all are stopped after the test."""
+    from pyllm_a100.net import free_port
+    from pyllm_a100.rpc import RpcWorker, WorkerConfig
+
+    started = []
+
+    def start(n: int = 1):
+        out = []
+        for _ in range(n):
+            worker = RpcWorker(WorkerConfig(port=free_port()), ready_timeout=60)
+            started.append(worker)
+            out.append(worker.start())
+        return out
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def tokens(server, prompt: list[int], n: int = 16) -> list[int]:
+    reply = httpx.post(server.base_url + "/completion", timeout=300, json={
+        "prompt": prompt, "n_predict": n, "temperature": 0, "return_tokens": True, "ignore_eos": True}).json()
+    return reply["tokens"]
+
+
+def test_two_workers_hold_the_layers_and_give_the_local_tokens(servers, workers, tiny_deepseek4: Path) -> None:
+    a, b = workers(2)
+    prompt = [0, 271, 289, 300, 500]
+    local = tokens(servers.start(tiny_deepseek4, ctx_size=512), prompt)
+    rss_before = [psutil.Process(w.pid).memory_info().rss for w in (a, b)]
+    remote = servers.start(tiny_deepseek4, ctx_size=512, rpc=[a.config.endpoint, b.config.endpoint], tensor_split="1x2")
+    assert "--rpc" in remote.argv and remote.config.n_gpu_layers == 999
+    assert tokens(remote, prompt) == local
+    grown = [psutil.Process(w.pid).memory_info().rss - before for w, before in zip((a, b), rss_before)]
+    model = tiny_deepseek4.stat().st_size
+    assert all(g > model / 8 for g in grown), f"each worker must hold part of the weights: grew {grown} of {model}"
+
+
+def test_a_worker_killed_while_serving_is_a_clear_error(servers, workers, tiny_deepseek4: Path) -> None:
+    (a,) = workers(1)
+    events: list[str] = []
+    server = servers.start(tiny_deepseek4, ctx_size=512, rpc=[a.config.endpoint], restart=1, on_event=events.append)
+    os.kill(a.pid, signal.SIGKILL)
+    with pytest.raises(httpx.HTTPError):
+        tokens(server, [0, 271, 289])
+    deadline = time.monotonic() + 60
+    while server.status != "failed" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert server.status == "failed", events
+    assert server.last_exit and f"lost its RPC worker(s) ({a.config.endpoint})" in server.last_exit
+    assert any("restart 1/1" in e for e in events), "a supervised server tries one restart, which fails while the worker is down"
+
+
+def test_serve_refuses_workers_that_do_not_answer_before_starting(tiny_deepseek4: Path) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        plain = run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--rpc", f"127.0.0.1:{port}", timeout=60)
+    assert plain.returncode == 1 and plain.stderr.count("\n") == 1
+    assert "did not answer the RPC handshake: it is not an rpc-server" in plain.stderr
+    refused = run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--rpc", f"127.0.0.1:{port}", timeout=60)
+    assert refused.returncode == 1 and "connection refused" in refused.stderr and "pyllm rpc-worker" in refused.stderr
+    typo = run_pyllm("serve", str(tiny_deepseek4), "--rpc", "localhost")
+    assert typo.returncode == 1 and "is not HOST:PORT" in typo.stderr
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3"])
+def test_non_loopback_binds_need_the_explicit_flag(host: str) -> None:
+    result = run_pyllm("rpc-worker", "--host", host, "--port", "0")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert "no authentication" in result.stderr and "--allow-network" in result.stderr
+
+
+def test_detached_worker_in_ps_doctor_and_stop(pyllm_home: Path) -> None:
+    from pyllm_a100.net import free_port
+
+    port = free_port()
+    started = run_pyllm("rpc-worker", "--port", str(port), "--detach", "--name", "w1", timeout=120)
+    assert started.returncode == 0, started.stderr
+    listed = json.loads(run_pyllm("ps", "--json", check=True).stdout)
+    assert [(e["name"], e["kind"], e["status"], e["url"]) for e in listed] == [("w1", "rpc-worker", "ready", f"rpc://127.0.0.1:{port}")]
+    doctor = json.loads(run_pyllm("doctor", "--rpc", f"127.0.0.1:{port}", "--json", check=True).stdout)
+    (worker,) = doctor["rpc"]
+    assert worker["version"] == "7.0.0" and worker["devices"] and worker["devices"][0]["total_mib"] > 0
+    pid = listed[0]["server_pid"]
+    assert run_pyllm("stop", "w1", check=True).stdout.strip() == "stopped w1"
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
