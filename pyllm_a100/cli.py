@@ -381,6 +381,67 @@ def rpc_worker_cmd(
     sys.exit(service.run(prepared, on_ready=ready, on_event=lambda m: err.print(m, highlight=False)))
 
 
+@app.command("bench")
+def bench_cmd(
+    model: Annotated[Optional[str], typer.Argument(help="A model to serve for the benchmark (or use --url).")] = None,
+    url: Annotated[Optional[str], typer.Option(help="Benchmark a running server instead, e.g. http://127.0.0.1:8080.")] = None,
+    prompt_tokens: Annotated[int, typer.Option(help="Prompt length in tokens.")] = 512,
+    gen_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 128,
+    concurrency: Annotated[int, typer.Option(help="Requests in flight at once.")] = 1,
+    repeat: Annotated[int, typer.Option(help="Requests per client.")] = 3,
+    tensor_split: Annotated[Optional[str], typer.Option(help="With MODEL: 1x8, 3,1 ...")] = None,
+    ctx_size: Annotated[int, typer.Option(help="With MODEL: context length.")] = 4096,
+    api_key: Annotated[Optional[str], typer.Option(help="API key of the server at --url.", envvar="PYLLM_API_KEY")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Prefill and decode tokens/s, time to first token and throughput under concurrency."""
+    from . import bench
+    from .server import Server
+
+    if (model is None) == (url is None):
+        raise bench.BenchError("give a MODEL to serve for the benchmark, or --url of a running server (not both)")
+    if url is not None:
+        result = bench.run(url, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, concurrency=concurrency, repeat=repeat, api_key=api_key)
+    else:
+        with Server(model, port=0, ctx_size=ctx_size, tensor_split=tensor_split, parallel=max(1, concurrency), ready_timeout=3600) as server:
+            result = bench.run(server.base_url, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, concurrency=concurrency, repeat=repeat)
+    if as_json:
+        print(json.dumps(result.as_row(), indent=2))
+        return
+    print(f"{'prompt':>7} {'gen':>5} {'conc':>5} {'reqs':>5} {'prefill t/s':>12} {'decode t/s':>11} {'TTFT s':>8} {'throughput t/s':>15}")
+    print(f"{result.prompt_tokens:>7} {result.gen_tokens:>5} {result.concurrency:>5} {result.requests:>5} "
+          f"{result.prefill_tps:>12.1f} {result.decode_tps:>11.1f} {result.ttft_s:>8.3f} {result.throughput_tps:>15.1f}")
+
+
+@app.command("tune")
+def tune_cmd(
+    model: Annotated[str, typer.Argument(help="A .gguf file, shard 1 of a set, a folder, or REPO[:QUANT].")],
+    prompt_tokens: Annotated[int, typer.Option(help="Prompt length per request.")] = 512,
+    gen_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 64,
+    repeat: Annotated[int, typer.Option(help="Requests per candidate.")] = 2,
+    ctx_size: Annotated[int, typer.Option(help="Context length for every candidate.")] = 4096,
+) -> None:
+    """Try split modes, batch sizes, flash attention and GPU counts; print the fastest as a serve command."""
+    from . import bench
+
+    print(f"{'candidate':<34} {'prefill t/s':>12} {'decode t/s':>11} {'TTFT s':>8}")
+
+    def show(row) -> None:
+        if row.result is None:
+            print(f"{row.candidate.label:<34} failed: {row.error}")
+        else:
+            r = row.result
+            print(f"{row.candidate.label:<34} {r.prefill_tps:>12.1f} {r.decode_tps:>11.1f} {r.ttft_s:>8.3f}")
+        sys.stdout.flush()
+
+    rows = bench.tune(model, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeat=repeat, ctx_size=ctx_size, on_row=show)
+    best = bench.winner(rows)
+    base = rows[0].result
+    gain = f" ({best.result.decode_tps / base.decode_tps:.2f}x decode vs llama.cpp's defaults)" if base and base.decode_tps else ""
+    print(f"fastest: {best.candidate.label}{gain}")
+    print(f"  {bench.serve_command(model, best.candidate)}")
+
+
 @app.command("_supervise", hidden=True)
 def supervise_cmd(directory: Path) -> None:
     """(internal) Run a detached server described by DIRECTORY/request.json."""

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .gguf_header import Header, HeaderError, read_header
 from .errors import (
     ModelNotFound,
     ModelUnreadable,
@@ -111,9 +112,8 @@ def _locate(text: str) -> Path:
     return path
 
 
-def _read_gguf(path: Path) -> Any:
-    from gguf import GGUFReader
-
+def _read_gguf(path: Path) -> Header:
+    """The file's header, checked: readable, GGUF, and as long as its tensors need."""
     try:
         with open(path, "rb") as f:
             magic = f.read(4)
@@ -123,32 +123,16 @@ def _read_gguf(path: Path) -> Any:
         raise ModelUnreadable(f"{path} cannot be read ({exc.strerror})") from exc
     if magic != GGUF_MAGIC:
         raise NotAGGUF(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF'): convert it with llama.cpp's convert_hf_to_gguf.py or fetch the GGUF repo")
+    size = path.stat().st_size
     try:
-        return GGUFReader(path)
-    except (ValueError, IndexError, KeyError, OverflowError) as exc:
-        size = path.stat().st_size
+        header = read_header(path)
+    except HeaderError as exc:
         raise TruncatedModel(f"{path} is truncated or corrupt ({size} bytes; {exc}): download it again (`pyllm fetch` resumes and verifies)") from exc
-
-
-def _field_value(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    return field.contents()
-
-
-def _scalar_metadata(reader: Any) -> dict[str, Any]:
-    """Every non-array key (arrays such as the vocabulary are skipped: large)."""
-    from gguf import GGUFValueType
-
-    out: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or not field.types or field.types[0] == GGUFValueType.ARRAY:
-            if field.types and field.types[0] == GGUFValueType.ARRAY and len(field.types) > 1 and field.types[1] != GGUFValueType.STRING:
-                out[key] = field.contents()
-            continue
-        out[key] = field.contents()
-    return out
+    if header.data_end > size:
+        raise TruncatedModel(
+            f"{path} is truncated ({size} bytes, its tensors need {header.data_end}): download it again (`pyllm fetch` resumes and verifies)"
+        )
+    return header
 
 
 def known_architectures() -> list[str] | None:
@@ -177,8 +161,8 @@ def resolve_model(spec: str | os.PathLike[str], *, known_archs: list[str] | None
     else:
         shards = [first]
 
-    reader = _read_gguf(first)
-    metadata = _scalar_metadata(reader)
+    header = _read_gguf(first)
+    metadata = header.metadata
     declared = metadata.get("split.count")
     if declared is not None and int(declared) != len(shards):
         raise ShardMissing(f"{first.name} says the model has {declared} shards but its file name says {len(shards)}: the set was renamed or mixed; fetch it again")
@@ -187,13 +171,13 @@ def resolve_model(spec: str | os.PathLike[str], *, known_archs: list[str] | None
     tensor_count = 0
     sizes = []
     for i, shard in enumerate(shards):
-        shard_reader = reader if i == 0 else _read_gguf(shard)
-        for tensor in shard_reader.tensors:
-            types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
-            tensor_count += 1
+        shard_header = header if i == 0 else _read_gguf(shard)
+        for name, count in shard_header.tensor_types.items():
+            types[name] = types.get(name, 0) + count
+        tensor_count += shard_header.tensor_count
         sizes.append(shard.stat().st_size)
         if i > 0:
-            no = _field_value(shard_reader, "split.no")
+            no = shard_header.metadata.get("split.no")
             if no is not None and int(no) != i:
                 raise ShardMissing(f"{shard.name} is shard {int(no) + 1} of another ordering: the set is mixed; fetch it again")
 

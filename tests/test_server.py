@@ -209,6 +209,8 @@ def shard_set(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 def bad_input_cases(tmp: Path, model: Path, shards: list[Path]) -> dict[str, tuple[list[str], str]]:
     truncated = tmp / "truncated.gguf"
     truncated.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+    header_cut = tmp / "header-cut.gguf"
+    header_cut.write_bytes(model.read_bytes()[:1000])
     not_gguf = tmp / "weights.gguf"
     not_gguf.write_bytes(b"PK\x03\x04 this is a zip file, not a model")
     broken_set = tmp / "broken"
@@ -224,7 +226,8 @@ def bad_input_cases(tmp: Path, model: Path, shards: list[Path]) -> dict[str, tup
         "missing file": ([str(tmp / "nope.gguf")], "does not exist"),
         "non-first shard": ([str(shards[1])], "is shard 2 of 3: give shard 1"),
         "missing shard": ([str(broken_set / shards[0].name)], "1 shard(s) are missing"),
-        "truncated": ([str(truncated)], "truncated or corrupt"),
+        "truncated": ([str(truncated)], "is truncated ("),
+        "cut inside the header": ([str(header_cut)], "is truncated or corrupt (1000 bytes; failed to read"),
         "not a gguf": ([str(not_gguf)], "is not a GGUF file"),
         "unknown architecture": ([str(_unknown_arch_model(tmp / "future.gguf"))], "architecture 'future-arch-9' is unknown"),
         "split 1x0": ([str(model), "--tensor-split", "1x0"], "count after x must be at least 1"),
@@ -236,7 +239,7 @@ def bad_input_cases(tmp: Path, model: Path, shards: list[Path]) -> dict[str, tup
     }
 
 
-CASES = ["missing file", "non-first shard", "missing shard", "truncated", "not a gguf", "unknown architecture",
+CASES = ["missing file", "non-first shard", "missing shard", "truncated", "cut inside the header", "not a gguf", "unknown architecture",
          "split 1x0", "split abc", "split more than gpus", "port in use", "ctx 0", "bad split mode"]
 
 
