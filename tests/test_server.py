@@ -227,7 +227,7 @@ def bad_input_cases(tmp: Path, model: Path, shards: list[Path]) -> dict[str, tup
         "non-first shard": ([str(shards[1])], "is shard 2 of 3: give shard 1"),
         "missing shard": ([str(broken_set / shards[0].name)], "1 shard(s) are missing"),
         "truncated": ([str(truncated)], "is truncated ("),
-        "cut inside the header": ([str(header_cut)], "is truncated or corrupt (1000 bytes; failed to read"),
+        "cut inside the header": ([str(header_cut)], "is truncated or corrupt (1000 bytes; "),
         "not a gguf": ([str(not_gguf)], "is not a GGUF file"),
         "unknown architecture": ([str(_unknown_arch_model(tmp / "future.gguf"))], "architecture 'future-arch-9' is unknown"),
         "split 1x0": ([str(model), "--tensor-split", "1x0"], "count after x must be at least 1"),
