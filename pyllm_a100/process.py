@@ -72,7 +72,7 @@ class ManagedProcess(abc.ABC):
 
     @abc.abstractmethod
     def ready(self) -> bool:
-        """True once the child serves (polled every 0.25 s while starting)."""
+        """True once the child serves (polled every 0.1 s while starting)."""
 
     def on_waiting(self) -> None:
         """Called on each poll while not ready (progress reporting)."""
@@ -149,7 +149,7 @@ class ManagedProcess(abc.ABC):
                 tail = failures.tail(self.log_text(), 3)
                 self.stop()
                 raise ServerStartTimeout(f"{self.name} was not ready after {self.ready_timeout:.0f} s (last log: {tail}); see {self.log_path}")
-            time.sleep(0.25)
+            time.sleep(0.1)
 
     def stop(self, timeout: float = 15.0) -> None:
         """TERM, bounded wait, KILL, bounded wait. Safe to call twice."""
