@@ -51,7 +51,7 @@ def parse_endpoints(text: str) -> list[Endpoint]:
             raise RpcError(f"--rpc {text}: {part!r} is not HOST:PORT (e.g. 10.0.0.2:{DEFAULT_PORT})")
         out.append(Endpoint(m[1], int(m[2])))
     if not out:
-        raise RpcError(f"--rpc is empty: give HOST:PORT[,HOST:PORT...]")
+        raise RpcError("--rpc is empty: give HOST:PORT[,HOST:PORT...]")
     return out
 
 
