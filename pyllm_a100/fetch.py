@@ -33,7 +33,7 @@ from .errors import (
     RepoNotFound,
     VerificationFailed,
 )
-from .gguf_files import SHARD_RE, shard_name
+from .gguf_files import SHARD_RE, set_members, shard_name
 from .state import home, write_json_atomic
 
 MANIFEST = ".pyllm-manifest.json"
@@ -323,9 +323,8 @@ def verify(plan: FetchPlan, root: Path, *, hashes: bool = True, progress: Callab
         files.append(entry)
     sets = []
     for first, members in shard_sets([f.path for f in plan.files]).items():
-        m = SHARD_RE.match(Path(first).name)
-        count = int(m["count"]) if m else 1
-        expected = [str(Path(first).with_name(shard_name(m["base"], i, count))) for i in range(1, count + 1)] if m else [first]
+        expected = [str(p) for p in set_members(Path(first))]
+        count = len(expected)
         absent = [p for p in expected if p not in members]
         if absent:
             problems.append(f"shard set {Path(first).name} lacks {', '.join(Path(p).name for p in absent)} on the hub or in the selection")
@@ -392,8 +391,7 @@ def local_models() -> list[dict[str, Any]]:
             sizes = {f["path"]: f["size"] for f in manifest.get("files", [])}
             for s in manifest.get("sets", []):
                 first = Path(root) / s["first"]
-                m = SHARD_RE.match(first.name)
-                members = [first.with_name(shard_name(m["base"], i, s["count"])) for i in range(1, s["count"] + 1)] if m else [first]
+                members = set_members(first)
                 present = all(p.exists() and p.stat().st_size == sizes.get(str(p.relative_to(root)), -1) for p in members)
                 rows.append({"repo": repo, "quant": s.get("quant"), "path": str(first), "shards": s["count"],
                              "bytes": s["bytes"], "complete": bool(s["complete"] and present)})

@@ -35,6 +35,15 @@ def shard_name(base: str, index: int, count: int) -> str:
     return f"{base}-{index:05d}-of-{count:05d}.gguf"
 
 
+def set_members(first: Path) -> list[Path]:
+    """Every file of the set ``first`` names (shard k of N -> all N shards; a plain .gguf -> itself)."""
+    match = SHARD_RE.match(first.name)
+    if not match:
+        return [first]
+    count = int(match["count"])
+    return [first.with_name(shard_name(match["base"], i, count)) for i in range(1, count + 1)]
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelFiles:
     """A checked model: the file to hand llama.cpp (``first``) and every shard."""
@@ -142,7 +151,7 @@ def known_architectures() -> list[str] | None:
     return build_info().get("architectures")
 
 
-def resolve_model(spec: str | os.PathLike[str], *, known_archs: list[str] | None = None, check_arch: bool = True) -> ModelFiles:
+def resolve_model(spec: str | os.PathLike[str], *, check_arch: bool = True) -> ModelFiles:
     """Check a model before llama.cpp is started: every shard present, readable, whole."""
     first = locate(spec)
     match = SHARD_RE.match(first.name)
@@ -151,7 +160,7 @@ def resolve_model(spec: str | os.PathLike[str], *, known_archs: list[str] | None
         if index != 1:
             first_name = shard_name(match["base"], 1, count)
             raise NotFirstShard(f"{first.name} is shard {index} of {count}: give shard 1 ({first_name}); llama.cpp finds the others beside it")
-        shards = [first.with_name(shard_name(match["base"], i, count)) for i in range(1, count + 1)]
+        shards = set_members(first)
         missing = [s.name for s in shards if not s.exists()]
         if missing:
             raise ShardMissing(
@@ -184,7 +193,7 @@ def resolve_model(spec: str | os.PathLike[str], *, known_archs: list[str] | None
     arch = metadata.get("general.architecture")
     if not arch:
         raise NotAGGUF(f"{first} has no general.architecture key: it is not a llama.cpp model file")
-    archs = known_archs if known_archs is not None else known_architectures() if check_arch else None
+    archs = known_architectures() if check_arch else None
     if archs is not None and arch not in archs:
         from .native import build_info
 

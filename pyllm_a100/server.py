@@ -254,15 +254,13 @@ class Server(ManagedProcess):
 
     @staticmethod
     def _write_key_file(api_key: str, log_path: str | os.PathLike[str] | None) -> Path:
+        """The key as a file llama-server reads (--api-key-file): never on its command line."""
         import tempfile
 
+        from .state import write_secret
+
         directory = Path(log_path).parent if log_path else Path(tempfile.mkdtemp(prefix="pyllm-key-"))
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / "api_key"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(api_key + "\n")
-        return path
+        return write_secret(directory / "api_key", api_key)
 
     # -- addresses
 

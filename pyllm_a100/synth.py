@@ -438,16 +438,14 @@ def _chunks(spec: TensorSpec, ggml_type, seed: int, n_vocab: int, n_expert: int)
     while done < rows:
         n_rows = min(rows_per_chunk, rows - done)
         n = n_rows * row_elems
-        if ggml_type == T.F32:
+        if ggml_type in (T.F32, T.F16, T.BF16):
             values = rng.standard_normal(n, dtype=np.float32) * np.float32(std)
-            if spec.role == "norm":
-                values += np.float32(1.0)
-            yield values.tobytes()
-        elif ggml_type == T.F16:
-            yield (rng.standard_normal(n, dtype=np.float32) * np.float32(std)).astype(np.float16).tobytes()
-        elif ggml_type == T.BF16:
-            bits = (rng.standard_normal(n, dtype=np.float32) * np.float32(std)).view(np.uint32)
-            yield (bits >> 16).astype(np.uint16).tobytes()
+            if ggml_type == T.F32:
+                yield (values + np.float32(1.0) if spec.role == "norm" else values).tobytes()
+            elif ggml_type == T.F16:
+                yield values.astype(np.float16).tobytes()
+            else:  # BF16: the top half of each float32
+                yield (values.view(np.uint32) >> 16).astype(np.uint16).tobytes()
         elif ggml_type == T.I32:
             # tid2eid: n_expert_used distinct experts per token
             first = rng.integers(0, n_expert, size=n // row_elems, dtype=np.int64)
