@@ -56,9 +56,12 @@ def build_info_cmd(as_json: JsonFlag = False) -> None:
 
 @app.command("synth")
 def synth_cmd(
-    preset: Annotated[str, typer.Argument(help="tiny-llama, tiny-deepseek4, tiny-glm-dsa, deepseek-v4-flash or glm-5.")],
+    preset: Annotated[str, typer.Argument(help="tiny-llama, tiny-deepseek4, tiny-glm-dsa, tiny-deepseek32, deepseek-v4-flash or glm-5.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Model file to write (NAME.gguf).")],
     layers: Annotated[Optional[int], typer.Option(help="Cut the depth to N layers (real-shape presets).")] = None,
+    experts: Annotated[
+        Optional[int], typer.Option(help="Routed experts per MoE layer (fewer: smaller file, same work per token).")
+    ] = None,
     weight_type: Annotated[
         Optional[str], typer.Option("--type", help="f32, f16, bf16, q8_0, q4_0 or ud-q8-k-xl (MXFP4 experts, Q8_0 elsewhere).")
     ] = None,
@@ -78,7 +81,7 @@ def synth_cmd(
     ) as bar:
         task = bar.add_task(f"synth {preset}", total=None)
         result = synthesize(
-            preset, output, layers=layers, weight_type=weight_type, split_max_size=split_max_size, seed=seed,
+            preset, output, layers=layers, experts=experts, weight_type=weight_type, split_max_size=split_max_size, seed=seed,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     for path in result.paths:

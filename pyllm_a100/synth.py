@@ -205,9 +205,12 @@ def _plan_deepseek4(h: dict, n_layers: int) -> Plan:
     return p
 
 
-def _plan_glm_dsa(h: dict, n_layers: int) -> Plan:
-    """As llama_model_glm_dsa::load_arch_tensors: MLA attention, DSA indexer, dense lead layers."""
-    p = Plan("glm-dsa", n_layers, [], [])
+def _plan_glm_dsa(h: dict, n_layers: int, arch: str = "glm-dsa") -> Plan:
+    """As llama_model_glm_dsa::load_arch_tensors: MLA attention, DSA indexer, dense lead layers.
+
+    llama_model_deepseek32 loads the same tensors (its indexer tensors required) and keys.
+    """
+    p = Plan(arch, n_layers, [], [])
     n_embd, n_head, n_vocab = h["n_embd"], h["n_head"], h["n_vocab"]
     q_lora, kv_lora, rope, nope, v_head = h["q_lora"], h["kv_lora"], h["rope_dims"], h["qk_nope"], h["v_head"]
     n_expert, n_used, n_shared, n_ff_exp, n_ff = h["n_expert"], h["n_expert_used"], h["n_expert_shared"], h["n_ff_exp"], h["n_ff"]
@@ -281,6 +284,7 @@ PLANNERS: dict[str, Callable[[dict, int], Plan]] = {
     "llama": _plan_llama,
     "deepseek4": _plan_deepseek4,
     "glm-dsa": _plan_glm_dsa,
+    "deepseek32": lambda h, n_layers: _plan_glm_dsa(h, n_layers, arch="deepseek32"),
 }
 
 
@@ -343,6 +347,8 @@ PRESETS: dict[str, Preset] = {
         Preset("tiny-deepseek4", "deepseek4", "4-layer DeepSeek-V4 (CSA/HCA compression, indexer, hyper-connections, hash routing)",
                _TINY_DEEPSEEK4, "f16"),
         Preset("tiny-glm-dsa", "glm-dsa", "3-layer GLM-5 (MLA + DSA indexer, 1 dense + 2 MoE layers)", _TINY_GLM_DSA, "f16"),
+        Preset("tiny-deepseek32", "deepseek32", "3-layer DeepSeek-V3.2 (MLA + DSA indexer, 1 dense + 2 MoE layers)",
+               _TINY_GLM_DSA, "f16"),
         Preset("deepseek-v4-flash", "deepseek4", "DeepSeek-V4-Flash, real dimensions (284B total / 13B active at 43 layers)",
                _DEEPSEEK_V4_FLASH, "ud-q8-k-xl",
                assumed=("n_ctx=1048576", "rope_freq_base=10000", "compress_rope_freq_base=160000",
@@ -361,12 +367,29 @@ def preset(name: str) -> Preset:
         raise SynthError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}") from None
 
 
-def plan(preset_name: str, layers: int | None = None) -> Plan:
+def hparams_for(preset_name: str, experts: int | None = None) -> dict:
+    """The preset's dimensions, with the routed expert count replaced by ``experts``.
+
+    Fewer experts keep every layer and the per-token work (the same experts are used per
+    token) while shrinking the file: the full 43-layer depth fits where 256 experts do not.
+    """
+    p = preset(preset_name)
+    if experts is None:
+        return p.hparams
+    if "n_expert" not in p.hparams:
+        raise SynthError(f"--experts: {p.name} has no routed experts (choose a MoE preset)")
+    used = p.hparams["n_expert_used"]
+    if not used <= experts <= p.hparams["n_expert"]:
+        raise SynthError(f"--experts {experts}: must be between {used} (experts used per token) and {p.hparams['n_expert']} for {p.name}")
+    return {**p.hparams, "n_expert": experts}
+
+
+def plan(preset_name: str, layers: int | None = None, experts: int | None = None) -> Plan:
     p = preset(preset_name)
     n_layers = p.layers if layers is None else layers
     if not 1 <= n_layers <= 512:
         raise SynthError(f"--layers {n_layers}: must be between 1 and 512 ({p.name} has {p.layers})")
-    return PLANNERS[p.family](p.hparams, n_layers)
+    return PLANNERS[p.family](hparams_for(preset_name, experts), n_layers)
 
 
 # --- weight types and random data -------------------------------------------------------
@@ -552,6 +575,7 @@ def synthesize(
     output: str | os.PathLike[str],
     *,
     layers: int | None = None,
+    experts: int | None = None,
     weight_type: str | None = None,
     split_max_size: str | int | None = None,
     seed: int = 0,
@@ -559,6 +583,7 @@ def synthesize(
 ) -> SynthResult:
     """Write a synthetic model; returns the files (shard 1 first) and throughput.
 
+    ``experts`` replaces the routed expert count (MoE presets; see ``hparams_for``).
     ``output`` is the file name (``model.gguf``); with ``split_max_size`` the files are
     ``model-00001-of-0000N.gguf``... Everything is written in a temporary folder beside
     the output and moved into place at the end: no half-written model is ever visible.
@@ -575,7 +600,8 @@ def synthesize(
     if output.is_dir():
         raise SynthError(f"{output} is a folder: give a file name ending in .gguf")
     max_size = parse_size(split_max_size)
-    the_plan = plan(preset_name, layers)
+    the_plan = plan(preset_name, layers, experts)
+    hparams = hparams_for(preset_name, experts)
     n_vocab = p.hparams["n_vocab"]
     vocab = build_vocab(n_vocab)
     types = {t.name: ggml_type_for(t, wtype) for t in the_plan.tensors}
@@ -622,7 +648,7 @@ def synthesize(
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         done = 0
-        n_expert = p.hparams.get("n_expert", 1)
+        n_expert = hparams.get("n_expert", 1)
         for t in the_plan.tensors:
             _stream_tensor(writer, _chunks(t, types[t.name], seed, n_vocab, n_expert), sizes[t.name])
             done += sizes[t.name]

@@ -65,7 +65,7 @@ def pyllm_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     return home
 
 
-TINY_PRESETS = ("tiny-llama", "tiny-deepseek4", "tiny-glm-dsa")
+TINY_PRESETS = ("tiny-llama", "tiny-deepseek4", "tiny-glm-dsa", "tiny-deepseek32")
 
 
 @pytest.fixture(scope="session")

@@ -62,6 +62,25 @@ def test_ud_mix_puts_experts_in_mxfp4_and_norms_and_hyper_connections_in_f32() -
     assert types["blk.0.ffn_gate_tid2eid.weight"] == "I32"
 
 
+def test_fewer_experts_keep_the_layers_and_the_work_per_token(tmp_path: Path) -> None:
+    from pyllm_a100 import Llama
+
+    full = synth.synthesize("tiny-deepseek4", tmp_path / "full.gguf", seed=3)
+    fewer = synth.synthesize("tiny-deepseek4", tmp_path / "fewer.gguf", experts=4, seed=3)
+    assert fewer.bytes_written < full.bytes_written and fewer.layers == full.layers == 4
+    reader = gguf.GGUFReader(fewer.first)
+    assert reader.fields["deepseek4.expert_count"].contents() == 4
+    assert reader.fields["deepseek4.expert_used_count"].contents() == 2
+    tensors = {t.name: t for t in reader.tensors}
+    assert list(tensors["blk.3.ffn_up_exps.weight"].shape)[-1] == 4
+    assert int(tensors["blk.0.ffn_gate_tid2eid.weight"].data.max()) < 4  # hash routing only names existing experts
+    llm = Llama(fewer.first, n_ctx=128)
+    try:
+        assert len(list(llm.generate("Hi", max_tokens=4, temperature=0))) >= 1
+    finally:
+        llm.close()
+
+
 def test_utf8_text_round_trips_through_the_synthetic_tokenizer(tiny_models: dict[str, Path]) -> None:
     from pyllm_a100 import Llama
 
@@ -103,6 +122,8 @@ def test_three_shard_set_has_split_keys_and_loads_from_shard_one(tmp_path: Path)
         (["tiny-llama", "-o", "x.gguf", "--layers", "0"], "--layers 0: must be between 1 and 512"),
         (["tiny-llama", "-o", "x.gguf", "--split-max-size", "lots"], "not a positive size"),
         (["tiny-llama", "-o", "x.bin"], "must end in .gguf"),
+        (["tiny-deepseek4", "-o", "x.gguf", "--experts", "1"], "--experts 1: must be between 2 (experts used per token) and 8"),
+        (["tiny-llama", "-o", "x.gguf", "--experts", "4"], "--experts: tiny-llama has no routed experts"),
     ],
 )
 def test_bad_synth_input_is_one_line_and_writes_nothing(args: list[str], message: str, tmp_path: Path) -> None:
