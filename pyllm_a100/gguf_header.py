@@ -45,6 +45,7 @@ def _lib() -> ctypes.CDLL:
         "gguf_get_tensor_offset": (ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_int64]),
         "gguf_get_tensor_size": (ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_int64]),
         "gguf_get_tensor_type": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64]),
+        "gguf_get_tensor_name": (ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_int64]),
         "ggml_type_name": (ctypes.c_char_p, [ctypes.c_int]),
         "ggml_log_set": (None, [ctypes.c_void_p, ctypes.c_void_p]),
         "ggml_log_get": (None, [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]),
@@ -69,6 +70,7 @@ class Header:
     tensor_count: int
     tensor_types: dict[str, int]  # "Q8_0" -> number of tensors
     data_end: int  # where the last tensor's data ends: the file must be at least this long
+    tensor_bytes: dict[str, int] = dataclasses.field(default_factory=dict)  # name -> bytes in the file
 
 
 _LOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
@@ -117,12 +119,15 @@ def read_header(path: Path) -> Header:
                 else:
                     metadata[key + ".length"] = n
         types: dict[str, int] = {}
+        sizes: dict[str, int] = {}
         end = 0
         n_tensors = lib.gguf_get_n_tensors(ctx)
         for t in range(n_tensors):
             name = lib.ggml_type_name(lib.gguf_get_tensor_type(ctx, t)).decode().upper()
             types[name] = types.get(name, 0) + 1
-            end = max(end, lib.gguf_get_tensor_offset(ctx, t) + lib.gguf_get_tensor_size(ctx, t))
-        return Header(metadata, n_tensors, types, lib.gguf_get_data_offset(ctx) + end if n_tensors else 0)
+            size = lib.gguf_get_tensor_size(ctx, t)
+            sizes[lib.gguf_get_tensor_name(ctx, t).decode("utf-8", errors="replace")] = size
+            end = max(end, lib.gguf_get_tensor_offset(ctx, t) + size)
+        return Header(metadata, n_tensors, types, lib.gguf_get_data_offset(ctx) + end if n_tensors else 0, sizes)
     finally:
         lib.gguf_free(ctx)

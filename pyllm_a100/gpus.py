@@ -23,6 +23,7 @@ class GPU:
     memory_total: int  # bytes
     memory_free: int
     mig_enabled: bool
+    memory_bandwidth: float | None = None  # bytes/s, the memory bus at its maximum clock (NVML)
 
     @property
     def sm(self) -> str:
@@ -95,6 +96,11 @@ def visible_gpus() -> list[GPU]:
                 mig = nvml.nvmlDeviceGetMigMode(handle)[0] == nvml.NVML_DEVICE_MIG_ENABLE
             except Exception:  # not supported on this GPU
                 mig = False
+            try:  # bus width (bits) x maximum memory clock (MHz) x 2 (double data rate)
+                bandwidth = nvml.nvmlDeviceGetMemoryBusWidth(handle) / 8 * nvml.nvmlDeviceGetMaxClockInfo(
+                    handle, nvml.NVML_CLOCK_MEM) * 1e6 * 2
+            except Exception:  # not reported (some virtual GPUs)
+                bandwidth = None
             name = nvml.nvmlDeviceGetName(handle)
             uuid = nvml.nvmlDeviceGetUUID(handle)
             found.append(GPU(
@@ -103,6 +109,7 @@ def visible_gpus() -> list[GPU]:
                 uuid=uuid.decode() if isinstance(uuid, bytes) else uuid,
                 compute_capability=f"{major}.{minor}",
                 memory_total=int(memory.total), memory_free=int(memory.free), mig_enabled=bool(mig),
+                memory_bandwidth=bandwidth,
             ))
         return _visible(found)
     finally:
