@@ -151,7 +151,7 @@ def candidates(architecture: str, n_gpus: int) -> list[Candidate]:
     for fa in ("on", "off"):
         out.append(Candidate(f"-fa {fa}", [], ["-fa", fa]))
     if n_gpus > 1:
-        modes = ["layer", "row"] + ([] if architecture == "deepseek4" else ["tensor"])
+        modes = ["layer"] + ([] if architecture == "deepseek4" else ["tensor"])  # row: gone from llama.cpp's CUDA backend
         for mode in modes:
             out.append(Candidate(f"--split-mode {mode} over {n_gpus} GPUs", [], [], tensor_split=f"1x{n_gpus}", split_mode=mode))
         for k in range(1, n_gpus):
@@ -188,12 +188,23 @@ def tune(model: str, *, prompt_tokens: int = 512, gen_tokens: int = 64, repeat: 
     return rows
 
 
+MIN_GAIN = 0.03  # a candidate must beat the defaults' decode by this much: smaller differences are run-to-run noise
+
+
 def winner(rows: list[TuneRow]) -> TuneRow:
-    """Best decode speed (the number a chat user feels); prefill breaks ties."""
+    """Best decode speed (the number a chat user feels), but the defaults unless beaten by more than noise.
+
+    On the GPU machine every flag set of a sweep landed within ±3 % of the defaults except
+    -fa off (-17 %); a 0.7 % "winner" then lost to the defaults when measured again.
+    """
     ok = [r for r in rows if r.result is not None]
     if not ok:
         raise BenchError("no candidate ran: " + "; ".join(f"{r.candidate.label}: {r.error}" for r in rows[:3]))
-    return max(ok, key=lambda r: (round(r.result.decode_tps, 1), r.result.prefill_tps))
+    best = max(ok, key=lambda r: (round(r.result.decode_tps, 1), r.result.prefill_tps))
+    base = next((r for r in ok if r.candidate.label == "defaults"), None)
+    if base is not None and best.result.decode_tps < base.result.decode_tps * (1 + MIN_GAIN):
+        return base
+    return best
 
 
 def serve_command(model: str, cand: Candidate) -> str:

@@ -128,7 +128,7 @@ def serve_cmd(
     ctx: typer.Context,
     model: Annotated[str, typer.Argument(help="A .gguf file, shard 1 of a set, or a folder/glob holding one set.")],
     tensor_split: Annotated[Optional[str], typer.Option(help="How to spread layers over GPUs: 1x8, 3,1, 2x2,1x4.")] = None,
-    split_mode: Annotated[Optional[str], typer.Option(help="layer (default), row, tensor or none.")] = None,
+    split_mode: Annotated[Optional[str], typer.Option(help="layer (default), tensor or none (row is gone from llama.cpp's CUDA backend).")] = None,
     ctx_size: Annotated[Optional[int], typer.Option(help="Context length in tokens (default: the model's, at most 16384).")] = None,
     host: Annotated[str, typer.Option(help="Address to bind; anything but loopback requires an API key.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8080,
@@ -441,7 +441,10 @@ def tune_cmd(
     best = bench.winner(rows)
     base = rows[0].result
     gain = f" ({best.result.decode_tps / base.decode_tps:.2f}x decode vs llama.cpp's defaults)" if base and base.decode_tps else ""
-    print(f"fastest: {best.candidate.label}{gain}")
+    if best is rows[0] and best.result is base:
+        print(f"fastest: llama.cpp's defaults (nothing beat them by more than {bench.MIN_GAIN:.0%}, this run's noise level)")
+    else:
+        print(f"fastest: {best.candidate.label}{gain}")
     print(f"  {bench.serve_command(model, best.candidate)}")
 
 

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8080
 DEFAULT_CTX = 16384
-SPLIT_MODES = ("layer", "row", "tensor", "none")
+SPLIT_MODES = ("layer", "tensor", "none")
 
 
 @dataclasses.dataclass
@@ -138,6 +138,9 @@ def make_config(
         raise ServerConfigError(f"--ctx-size {ctx_size}: must be a positive number of tokens (e.g. 8192)")
     if parallel is not None and parallel < 1:
         raise ServerConfigError(f"--parallel {parallel}: must be at least 1")
+    if split_mode == "row":
+        raise ServerConfigError("--split-mode row: the pinned llama.cpp's CUDA backend has no row-split buffers "
+                                "(llama-server fails with 'does not support split buffers'): use layer (the default) or tensor")
     if split_mode is not None and split_mode not in SPLIT_MODES:
         raise ServerConfigError(f"--split-mode {split_mode}: choose one of {', '.join(SPLIT_MODES)}")
     if split_mode == "tensor" and files.architecture == "deepseek4":

@@ -169,3 +169,18 @@ def test_bindings_refuse_a_library_whose_llama_h_differs(native_dir: Path, tmp_p
     assert "llama.h" in result.stdout and "pyllm serve" in result.stdout and "PYLLM_ALLOW_ABI_MISMATCH=1" in result.stdout
     allowed = run_python(code + "print('bound', pyllm_a100.Llama.__name__)\n", env=dict(env, PYLLM_ALLOW_ABI_MISMATCH="1"))
     assert "bound Llama" in allowed.stdout, allowed.stderr
+
+
+def test_loads_after_numpy_and_jinja_were_imported_first(tiny_models: dict[str, Path]) -> None:
+    """User code imports numpy first. On the GPU machine's devtoolset-style toolchain our libraries
+    re-exported statically linked libstdc++ code, and this order crashed std::regex inside
+    llama_model_load (SIGSEGV); -Wl,--exclude-libs,ALL fixed it. Kept as the regression check."""
+    code = (
+        "import numpy, jinja2, markupsafe\n"
+        "from pyllm_a100 import Llama\n"
+        f"llm = Llama({str(tiny_models['tiny-llama'])!r}, n_ctx=128)\n"
+        "print(len(llm.tokenize(b'hello world')))\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert int(result.stdout.strip().splitlines()[-1]) >= 2

@@ -235,12 +235,13 @@ def bad_input_cases(tmp: Path, model: Path, shards: list[Path]) -> dict[str, tup
         "split more than gpus": ([str(model), "--tensor-split", "1x8"], "GPU"),
         "port in use": ([str(model), "--port", str(busy.getsockname()[1])], "already in use"),
         "ctx 0": ([str(model), "--ctx-size", "0"], "--ctx-size 0: must be a positive"),
-        "bad split mode": ([str(model), "--split-mode", "diagonal"], "choose one of layer, row, tensor, none"),
+        "bad split mode": ([str(model), "--split-mode", "diagonal"], "choose one of layer, tensor, none"),
+        "row split": ([str(model), "--split-mode", "row"], "has no row-split buffers"),
     }
 
 
 CASES = ["missing file", "non-first shard", "missing shard", "truncated", "cut inside the header", "not a gguf", "unknown architecture",
-         "split 1x0", "split abc", "split more than gpus", "port in use", "ctx 0", "bad split mode"]
+         "split 1x0", "split abc", "split more than gpus", "port in use", "ctx 0", "bad split mode", "row split"]
 
 
 @pytest.mark.parametrize("case", CASES)
