@@ -194,8 +194,8 @@ MIN_GAIN = 0.03  # a candidate must beat the defaults' decode by this much: smal
 def winner(rows: list[TuneRow]) -> TuneRow:
     """Best decode speed (the number a chat user feels), but the defaults unless beaten by more than noise.
 
-    On the GPU machine every flag set of a sweep landed within ±3 % of the defaults except
-    -fa off (-17 %); a 0.7 % "winner" then lost to the defaults when measured again.
+    On the GPU machine a sweep's flag sets landed within -6 %..+1 % of the defaults, except
+    -fa off (-17 %); its +0.6 % "winner" then lost to the seed flags when measured again.
     """
     ok = [r for r in rows if r.result is not None]
     if not ok:

@@ -18,6 +18,7 @@ from typing import Any
 from .gguf_files import resolve_model
 from .gpus import GPU, driver, visible_gpus
 from .native import binary, build_info
+from .roofline import weights_per_token
 
 MARGIN_MIB = 1024  # free memory llama.cpp's --fit keeps per GPU by default
 
@@ -128,6 +129,15 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
         free = gpu.memory_free // 2**20
         if need + MARGIN_MIB > free:
             over.append(f"CUDA{gpu.index} needs {need / 1024:.1f} GiB, {free / 1024:.1f} GiB free")
+    bandwidth = min((g.memory_bandwidth for g in gpus if g.memory_bandwidth), default=None)
+    if bandwidth:  # layer split: the GPUs take turns, the slowest one's bandwidth bounds decode
+        weights = weights_per_token(files)
+        ceiling = weights.ceiling_tokens_per_second(bandwidth)
+        report["decode_ceiling_tps"] = ceiling
+        report["active_bytes_per_token"] = weights.active_bytes
+        findings.append(Finding("ok", f"decode ceiling {ceiling:.0f} tokens/s ({weights.active_bytes / 1e9:.2f} GB of weights "
+                                      f"per token at {bandwidth / 1e12:.2f} TB/s)"
+                                      + ("; DeepSeek-V4 reached 12-14 % of it on H200s (docs/benchmarks.md)" if arch == "deepseek4" else "")))
     total_vram = sum(g.memory_total for g in gpus)
     findings.append(Finding("ok" if files.total_bytes < total_vram else "error",
                             f"model {files.total_bytes / 2**30:.1f} GiB vs {total_vram / 2**30:.1f} GiB of VRAM on {len(gpus)} GPU(s)"))
