@@ -105,7 +105,8 @@ median of {s['repeat']} requests after a warm-up request; llama-server's own tim
             sc = ph["scale"]
             for label, run in sc["runs"].items():
                 rows.append((f"{s['scale_layers']} layers, {sc['experts']} experts, {label}", run, run["spec"], None))
-        out.append("""### Decode against the HBM ceiling
+        out.append("""
+### Decode against the HBM ceiling
 
 Ceiling = bandwidth / weight bytes one token reads (dense tensors, the shared expert, 6 of
 the routed experts per layer, one embedding row). With `--split-mode layer` the GPUs take

@@ -42,3 +42,12 @@ def test_status_follows_the_results(tmp_path: Path) -> None:
     assert "verified on GPU" in row(after, "glm-dsa") and "NMSE 2.0e-06" in row(after, "glm-dsa")
     assert "no GPU check of this preset yet" in row(after, "deepseek4")
     assert "2026-01-01, 2026-02-01" in after
+
+
+def test_benchmarks_md_is_the_rendered_one(tmp_path: Path) -> None:
+    """docs/benchmarks.md is generated from benchmarks/results/*.json, never edited by hand."""
+    out = tmp_path / "benchmarks.md"
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "report.py"), "--write", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert out.read_text() == (REPO / "docs" / "benchmarks.md").read_text(), "run: python benchmarks/report.py"
