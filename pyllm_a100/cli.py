@@ -441,7 +441,7 @@ def tune_cmd(
     best = bench.winner(rows)
     base = rows[0].result
     gain = f" ({best.result.decode_tps / base.decode_tps:.2f}x decode vs llama.cpp's defaults)" if base and base.decode_tps else ""
-    if best is rows[0] and best.result is base:
+    if best is rows[0]:  # the defaults, kept
         print(f"fastest: llama.cpp's defaults (nothing beat them by more than {bench.MIN_GAIN:.0%}, this run's noise level)")
     else:
         print(f"fastest: {best.candidate.label}{gain}")
