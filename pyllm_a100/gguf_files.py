@@ -55,6 +55,7 @@ class ModelFiles:
     metadata: dict[str, Any]
     tensor_types: dict[str, int]  # GGML type name -> number of tensors
     tensor_count: int
+    tensor_bytes: dict[str, int] = dataclasses.field(default_factory=dict)  # tensor name -> bytes, every shard
 
     @property
     def total_bytes(self) -> int:
@@ -177,12 +178,14 @@ def resolve_model(spec: str | os.PathLike[str], *, check_arch: bool = True) -> M
         raise ShardMissing(f"{first.name} says the model has {declared} shards but its file name says {len(shards)}: the set was renamed or mixed; fetch it again")
 
     types: dict[str, int] = {}
+    tensor_bytes: dict[str, int] = {}
     tensor_count = 0
     sizes = []
     for i, shard in enumerate(shards):
         shard_header = header if i == 0 else _read_gguf(shard)
         for name, count in shard_header.tensor_types.items():
             types[name] = types.get(name, 0) + count
+        tensor_bytes.update(shard_header.tensor_bytes)
         tensor_count += shard_header.tensor_count
         sizes.append(shard.stat().st_size)
         if i > 0:
@@ -211,4 +214,5 @@ def resolve_model(spec: str | os.PathLike[str], *, check_arch: bool = True) -> M
         metadata=metadata,
         tensor_types=types,
         tensor_count=tensor_count,
+        tensor_bytes=tensor_bytes,
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 
 from .gguf_files import ModelFiles
-from .gguf_header import read_header
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,18 +27,13 @@ class WeightsPerToken:
 
 
 def weights_per_token(files: ModelFiles) -> WeightsPerToken:
-    sizes: dict[str, int] = {}
-    metadata: dict = {}
-    for shard in files.shards:
-        header = read_header(shard)
-        sizes.update(header.tensor_bytes)
-        metadata.update(header.metadata)
-    arch = files.architecture
+    """From the headers ``resolve_model`` already read (every shard's tensors and the metadata)."""
+    arch, metadata = files.architecture, files.metadata
     experts = int(metadata.get(f"{arch}.expert_count") or 0)
     used = int(metadata.get(f"{arch}.expert_used_count") or 0)
     n_vocab = int(metadata.get("tokenizer.ggml.tokens.length") or metadata.get(f"{arch}.vocab_size") or 0)
     active = expert_total = 0
-    for name, size in sizes.items():
+    for name, size in files.tensor_bytes.items():
         if "_exps." in name and experts:
             expert_total += size
             active += size * used // experts
@@ -47,4 +41,4 @@ def weights_per_token(files: ModelFiles) -> WeightsPerToken:
             active += size // n_vocab
         else:
             active += size
-    return WeightsPerToken(sum(sizes.values()), active, expert_total, used, experts)
+    return WeightsPerToken(sum(files.tensor_bytes.values()), active, expert_total, used, experts)
