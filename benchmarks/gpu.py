@@ -93,6 +93,19 @@ def serve_and_bench(label: str, model: Path, *, prompt: int, gen: int, repeat: i
     return row
 
 
+def interleaved(model: Path, args, prefix: str, sides: dict[str, dict]) -> tuple[dict, dict]:
+    """Two server configurations measured A B, B A, A B, ... (drifts cancel): every run, and medians per side."""
+    first, second = sides
+    runs: dict[str, list] = {first: [], second: []}
+    for i in range(args.rounds):
+        for kind in ((first, second) if i % 2 == 0 else (second, first)):
+            runs[kind].append(serve_and_bench(f"{prefix}{kind}-{i}", model, prompt=args.prompt, gen=args.gen,
+                                              repeat=args.repeat, **sides[kind]))
+    medians = {k: {m: statistics.median(r[m] for r in v) for m in ("decode_tps", "prefill_tps", "ready_s")}
+               for k, v in runs.items()}
+    return runs, medians
+
+
 def phase(name: str):
     def wrap(fn):
         def run(*args, **kwargs):
@@ -158,14 +171,9 @@ def tune(models: Path, layers: int, args) -> dict:
                               "extra_args": cand.extra_args}
     sweep = [{"label": r.candidate.label, "decode_tps": r.result.decode_tps if r.result else None,
               "prefill_tps": r.result.prefill_tps if r.result else None, "error": r.error} for r in rows]
-    side: dict[str, list] = {"seed": [], "winner": []}
-    for i in range(args.rounds):  # seed, winner, winner, seed, ...: drifts cancel
-        for kind in (("seed", "winner") if i % 2 == 0 else ("winner", "seed")):
-            opts = dict(SEED_FLAGS) if kind == "seed" else dict(
-                tensor_split=cand.tensor_split, split_mode=cand.split_mode, extra_args=cand.extra_args)
-            side[kind].append(serve_and_bench(f"tune-{kind}-{i}", model, prompt=args.prompt, gen=args.gen,
-                                              repeat=args.repeat, **opts))
-    med = {k: {m: statistics.median(r[m] for r in v) for m in ("decode_tps", "prefill_tps")} for k, v in side.items()}
+    side, med = interleaved(model, args, "tune-", {
+        "seed": dict(SEED_FLAGS),
+        "winner": dict(tensor_split=cand.tensor_split, split_mode=cand.split_mode, extra_args=cand.extra_args)})
     return {"model": model.name, "sweep": sweep, "winner": RESULTS["tune_winner"],
             "winner_command": bench.serve_command(model.name, cand), "seed_flags": "-ngl 999 --split-mode layer --tensor-split 1,1",
             "runs": side, "median": med,
@@ -185,20 +193,11 @@ def rpc(models: Path, layers: int, args) -> dict:
         w.start()
     try:
         endpoints = [w.config.endpoint for w in workers]
-        side: dict[str, list] = {"rpc": [], "direct": []}
         hidden = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # llama-server itself sees no GPU: only the workers'
-        for i in range(args.rounds):
-            for kind in (("rpc", "direct") if i % 2 == 0 else ("direct", "rpc")):
-                if kind == "rpc":
-                    side[kind].append(serve_and_bench(f"rpc-{i}", model, prompt=args.prompt, gen=args.gen,
-                                                      repeat=args.repeat, env=hidden, rpc=endpoints))
-                else:
-                    side[kind].append(serve_and_bench(f"direct-{i}", model, prompt=args.prompt, gen=args.gen,
-                                                      repeat=args.repeat, tensor_split="1x2"))
+        side, med = interleaved(model, args, "", {"rpc": dict(env=hidden, rpc=endpoints), "direct": dict(tensor_split="1x2")})
     finally:
         for w in workers:
             w.stop()
-    med = {k: {m: statistics.median(r[m] for r in v) for m in ("decode_tps", "prefill_tps", "ready_s")} for k, v in side.items()}
     return {"model": model.name, "runs": side, "median": med,
             "decode_ratio": med["rpc"]["decode_tps"] / med["direct"]["decode_tps"],
             "prefill_ratio": med["rpc"]["prefill_tps"] / med["direct"]["prefill_tps"]}
