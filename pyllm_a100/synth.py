@@ -305,23 +305,22 @@ class Preset:
         return self.hparams["n_layers"]
 
 
-_TINY_DEEPSEEK4 = dict(
-    # As tests/test-llama-archs.cpp's deepseek4 model (head size 64 so GPU flash attention
-    # kernels apply; a top-k larger than any context keeps CPU and GPU results comparable),
-    # plus one hash-routed layer and 8 experts so routing is exercised.
-    n_layers=4, n_embd=512, n_head=8, head_dim=64, rope_dims=32, n_vocab=1024, n_ctx=4096,
-    q_lora=64, o_lora=32, o_groups=8, n_expert=8, n_expert_used=2, n_expert_shared=1, n_ff_exp=256,
-    hash_layers=1, sliding_window=32, indexer_heads=64, indexer_dim=128, indexer_top_k=131072,
-    hc_mult=4, hc_sinkhorn_iters=2, hc_eps=1e-6, swiglu_clamp=10.0, rms_eps=1e-6,
-    rope_freq_base=10000.0, compress_rope_freq_base=160000.0, expert_weights_scale=1.5,
-    compress_ratios=[0, 0, 4, 128],
-)
 _DEEPSEEK_V4_FLASH = dict(
     n_layers=43, n_embd=4096, n_head=64, head_dim=512, rope_dims=64, n_vocab=129280, n_ctx=1048576,
     q_lora=1024, o_lora=1024, o_groups=8, n_expert=256, n_expert_used=6, n_expert_shared=1, n_ff_exp=2048,
     hash_layers=3, sliding_window=128, indexer_heads=64, indexer_dim=128, indexer_top_k=512,
     hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, swiglu_clamp=10.0, rms_eps=1e-6,
     rope_freq_base=10000.0, compress_rope_freq_base=160000.0, expert_weights_scale=1.5,
+)
+_TINY_DEEPSEEK4 = dict(
+    _DEEPSEEK_V4_FLASH,
+    # Only the sizes shrink. As tests/test-llama-archs.cpp's deepseek4 model (head size 64 so
+    # GPU flash attention kernels apply; a top-k larger than any context keeps CPU and GPU
+    # results comparable), plus one hash-routed layer and 8 experts so routing is exercised.
+    n_layers=4, n_embd=512, n_head=8, head_dim=64, rope_dims=32, n_vocab=1024, n_ctx=4096,
+    q_lora=64, o_lora=32, n_expert=8, n_expert_used=2, n_ff_exp=256,
+    hash_layers=1, sliding_window=32, indexer_top_k=131072, hc_sinkhorn_iters=2,
+    compress_ratios=[0, 0, 4, 128],
 )
 _TINY_GLM_DSA = dict(
     # MLA dimensions as test-llama-archs.cpp's glm-dsa model (576/512 cache rows, 192/128 heads).
