@@ -62,6 +62,11 @@ class ModelFiles:
         return sum(self.sizes)
 
     @property
+    def n_vocab(self) -> int:
+        """Tokens in the vocabulary (0 when the header names none)."""
+        return int(self.metadata.get("tokenizer.ggml.tokens.length") or self.metadata.get(f"{self.architecture}.vocab_size") or 0)
+
+    @property
     def name(self) -> str:
         match = SHARD_RE.match(self.first.name)
         return match["base"] if match else self.first.name.removesuffix(".gguf")

@@ -31,7 +31,7 @@ def weights_per_token(files: ModelFiles) -> WeightsPerToken:
     arch, metadata = files.architecture, files.metadata
     experts = int(metadata.get(f"{arch}.expert_count") or 0)
     used = int(metadata.get(f"{arch}.expert_used_count") or 0)
-    n_vocab = int(metadata.get("tokenizer.ggml.tokens.length") or metadata.get(f"{arch}.vocab_size") or 0)
+    n_vocab = files.n_vocab
     active = expert_total = 0
     for name, size in files.tensor_bytes.items():
         if "_exps." in name and experts:
