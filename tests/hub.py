@@ -27,6 +27,7 @@ class HubFile:
     listed_size: int | None = None  # what the listing claims (defaults to len(data))
     corrupt: bool = False  # serve altered bytes (the listing keeps the true sha256)
     cut_after: int | None = None  # close the connection after this many bytes, once
+    cut_always: bool = False  # ...on every request that reaches that byte, not once
     slow: float = 0.0  # seconds of pause per MiB sent (to interrupt a download mid-way)
 
     @property
@@ -172,10 +173,11 @@ class FakeHub:
         for k, v in headers.items():
             h.send_header(k, str(v))
         h.end_headers()
-        if f.cut_after is not None and start < f.cut_after:
-            h.wfile.write(body[: f.cut_after - start])
+        if f.cut_after is not None and (start < f.cut_after or f.cut_always):
+            h.wfile.write(body[: max(0, f.cut_after - start)])
             h.wfile.flush()
-            f.cut_after = None  # one-shot
+            if not f.cut_always:
+                f.cut_after = None  # one-shot
             h.close_connection = True
             try:
                 h.connection.shutdown(2)
