@@ -470,9 +470,9 @@ def http_cases() -> list[tuple[str, Callable[[str], Any]]]:
     ]
 
 
-def http_bad_inputs(model: Path, home: Path, only: list[str] | None = None) -> list[dict[str, Any]]:
+def http_bad_inputs(model: Path, home: Path, only: list[str] | None = None, ctx_size: int = 1024) -> list[dict[str, Any]]:
     rows = []
-    with detached(model, home, "http", "--ctx-size", "1024") as srv:
+    with detached(model, home, "http", "--ctx-size", str(ctx_size)) as srv:
         first_pid = srv.state["server_pid"]
         for name, send in http_cases():
             if only and name not in only:
@@ -513,7 +513,9 @@ def load(model: Path, home: Path, *, clients: int = 32, waves: int = 3, max_toke
                 stream = api.chat.completions.create(model="m", messages=[{"role": "user", "content": f"tell me about {i}"}],
                                                      max_tokens=max_tokens, stream=True, temperature=0.7)
                 for chunk in stream:
-                    if chunk.choices and chunk.choices[0].delta.content:
+                    delta = chunk.choices[0].delta if chunk.choices else None
+                    # the DeepSeek-V4 template streams thinking as reasoning_content: text all the same
+                    if delta and (delta.content or (delta.model_extra or {}).get("reasoning_content")):
                         first = first or time.perf_counter()
                         n += 1
                 with lock:
@@ -658,16 +660,19 @@ def stop_never_signals_strangers(home: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def disk_full_synth(size: str = "120m") -> dict[str, Any]:
+def disk_full_synth(size: str = "200m") -> dict[str, Any]:
     """synth into a tmpfs that another writer fills right after synth's space check: ENOSPC mid-write."""
     try:
         with tmpfs(size) as fs:
             filler_done = threading.Event()
 
+            synth_done = threading.Event()
+
             def fill() -> None:  # wait for synth's temporary folder, then take every free byte
-                deadline = time.monotonic() + 120
-                while time.monotonic() < deadline and not any(p.name.startswith(".x.synth-") for p in fs.iterdir()):
+                while not synth_done.is_set() and not any(p.name.startswith(".x.synth-") for p in fs.iterdir()):
                     time.sleep(0.001)
+                if synth_done.is_set():
+                    return
                 with contextlib.suppress(OSError), open(fs / "filler", "wb") as f:
                     while True:
                         f.write(b"\0" * (1 << 20))
@@ -676,6 +681,7 @@ def disk_full_synth(size: str = "120m") -> dict[str, Any]:
             t = threading.Thread(target=fill, daemon=True)
             t.start()
             result = pyllm("synth", "tiny-deepseek4", "--type", "f32", "-o", str(fs / "x.gguf"), home=fs / ".home-unused")
+            synth_done.set()
             t.join(timeout=60)
             left = sorted(p.name for p in fs.iterdir() if p.name not in ("filler", ".home-unused"))
             return {"rc": result.returncode, "line": one_line(result), "left_behind": left, "filled": filler_done.is_set(),
@@ -725,6 +731,18 @@ def dropped_connection(shard_files: dict[str, bytes], home: Path, persistent: bo
 # --- 5. security ----------------------------------------------------------------------------------------------------
 
 
+def raw_post(port: int, path: str, body: str, authorization: str | None) -> int:
+    """POST over a plain socket: HTTP clients refuse header values such as "Bearer " that attackers send."""
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    if authorization is not None:
+        head += f"Authorization: {authorization}\r\n"
+    data = body.encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(head.encode() + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        status = s.makefile("rb").readline().decode()
+    return int(status.split()[1])
+
+
 def key_required(model: Path, home: Path) -> dict[str, Any]:
     """Off loopback: empty and blank keys refused; no key -> one generated and enforced; never in argv, logs, state."""
     row: dict[str, Any] = {}
@@ -738,11 +756,10 @@ def key_required(model: Path, home: Path) -> dict[str, Any]:
         key = next(line for line in r.stdout.splitlines() if line.startswith("API key")).rsplit(" ", 1)[1]
         state = json.loads((home / "servers" / "open" / "state.json").read_text())
         base = f"http://127.0.0.1:{state['port']}"
-        probes = {"no key": {}, "wrong key": {"Authorization": "Bearer wrong"}, "empty bearer": {"Authorization": "Bearer "},
-                  "bearer of spaces": {"Authorization": "Bearer    "}, "the key": {"Authorization": f"Bearer {key}"}}
-        row["requests"] = {label: httpx.post(base + "/v1/chat/completions", headers=h, timeout=60,
-                                             json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).status_code
-                           for label, h in probes.items()}
+        probes = {"no key": None, "wrong key": "Bearer wrong", "empty bearer": "Bearer ", "bearer of spaces": "Bearer    ",
+                  "the key": f"Bearer {key}"}
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+        row["requests"] = {label: raw_post(state["port"], "/v1/chat/completions", body, auth) for label, auth in probes.items()}
         places = []
         for p in psutil.process_iter(["cmdline", "environ"]):
             with contextlib.suppress(psutil.Error):
