@@ -76,14 +76,14 @@ class ServerConfig:
 
     @property
     def cors_allowed(self) -> str:
-        """--cors-origins: the public origin, plus the loopback forms when the bind reaches loopback too."""
+        """--cors-origins by default: cross-origin pages allowed are the loopback ones for a loopback
+        bind (llama-server's ``localhost`` mode reflects http://127.0.0.1, localhost and [::1] origins),
+        else the address users are told to use (``http://HOSTNAME:PORT`` for a wildcard bind, never
+        ``http://0.0.0.0:PORT``). llama-server sends one Access-Control-Allow-Origin value as given, so
+        one rule per bind; pages served by the server itself are same-origin and need none."""
         if self.cors_origins:
             return self.cors_origins
-        if self.host in ("0.0.0.0", "::"):
-            # llama-server's special value "localhost" reflects only loopback origins; its allow-list takes
-            # one origin, so a wildcard bind gets the address users are told to use.
-            return self.public_url
-        return self.origin
+        return "localhost" if is_loopback(self.host) else self.public_url
 
     @property
     def public_url(self) -> str:
@@ -181,15 +181,9 @@ def make_config(
     files = model if isinstance(model, ModelFiles) else resolve_model(model)
     if split_mode == "tensor" and files.architecture == "deepseek4":
         raise ServerConfigError("--split-mode tensor does not support deepseek4 in this llama.cpp: use layer (the default)")
-    # 3. the machine: the address, RPC workers, devices
+    # 3. the machine: RPC workers, devices, then the address
     if port is None or port == 0:
         port = free_port(host if is_loopback(host) else "0.0.0.0")
-    refused = bind_refusal(host, port)
-    if refused:
-        in_use, reason = refused
-        if in_use:
-            raise PortInUse(f"{reason}: pass another --port, or stop that server (pyllm ps / pyllm stop)")
-        raise ServerConfigError(reason)
     if endpoints:
         from . import rpc as rpc_module
 
@@ -205,6 +199,12 @@ def make_config(
 
             n_devices = len(visible_gpus())
         check_against_devices(parts, n_devices, text=str(tensor_split))
+    refused = bind_refusal(host, port)  # last: a busy port never hides a mistake found above
+    if refused:
+        in_use, reason = refused
+        if in_use:
+            raise PortInUse(f"{reason}: pass another --port, or stop that server (pyllm ps / pyllm stop)")
+        raise ServerConfigError(reason)
     if n_gpu_layers is None:
         n_gpu_layers = 999 if endpoints else default_gpu_layers()  # remote devices hold layers too
     return ServerConfig(

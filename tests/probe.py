@@ -204,6 +204,7 @@ def bad_input_cases() -> list[Case]:
         Case(S, "--tensor-split abc", [S, "{model}", "--tensor-split", "abc"], "is not WEIGHT or WEIGHTxCOUNT"),
         Case(S, "--tensor-split abc, port busy", [S, "{model}", "--tensor-split", "abc", "--port", "{port}"], "is not WEIGHT or WEIGHTxCOUNT", setup="busy-port"),
         Case(S, "more split parts than GPUs", [S, "{model}", "--tensor-split", "1x8"], "GPU"),
+        Case(S, "more split parts than GPUs, port busy", [S, "{model}", "--tensor-split", "1x8", "--port", "{port}"], "GPU", setup="busy-port"),
         Case(S, "port in use", [S, "{model}", "--port", "{port}"], "is already in use", setup="busy-port"),
         Case(S, "port held by a command with newlines", [S, "{model}", "--port", "{port}"], "is already in use by PID", setup="busy-port-newline"),
         Case(S, "--port 70000", [S, "{model}", "--port", "70000"], "must be between 1 and 65535"),
@@ -261,9 +262,9 @@ def run_bad_input(case: Case, ws: Workspace, scratch: Path) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         if "busy-port" in setups:
             busy = stack.enter_context(_busy_port())
-            values["port"] = names["port"] = str(busy.getsockname()[1])
+            values["port"], names["port"] = str(busy.getsockname()[1]), "BUSY_PORT"
         if "busy-port-newline" in setups:
-            values["port"] = names["port"] = str(stack.enter_context(_listener_with_newlines()))
+            values["port"], names["port"] = str(stack.enter_context(_listener_with_newlines())), "BUSY_PORT"
         if "home-file" in setups:
             home = scratch / "home-is-a-file"
             home.write_text("")
@@ -279,6 +280,7 @@ def run_bad_input(case: Case, ws: Workspace, scratch: Path) -> dict[str, Any]:
             names["fs"] = "RO_FS" if "ro-fs" in setups else "FULL_FS"
         if setups & {"hub", "dead-hub"}:
             env.update(_hub_env(stack, scratch, dead="dead-hub" in setups))
+            values["hub"], names["hub"] = env["HF_ENDPOINT"], "http://HUB"
         forged = None
         if setups & {"state-list", "state-forged"}:
             directory = home / "servers" / "ghost"
@@ -701,8 +703,9 @@ def disk_full_fetch(shard_files: dict[str, bytes], home: Path, size: str = "20m"
             env = _hub_env(stack, fs.parent / f"{fs.name}-hf", files=files)
             result = pyllm("fetch", REPO, "--include", "UD-Q8_K_XL/*", "--local-dir", str(fs / "m"), "--workers", "1",
                            home=home, env=env, timeout=300)
-            complete = [str(p.relative_to(fs)) for p in (fs / "m").rglob("*.gguf")] if (fs / "m").exists() else []
-            return {"rc": result.returncode, "line": one_line(result), "files_under_final_names": complete,
+            complete = [str(p.relative_to(fs / "m")) for p in (fs / "m").rglob("*.gguf")] if (fs / "m").exists() else []
+            intact = all((fs / "m" / n).read_bytes() == shard_files[n] for n in complete)
+            return {"rc": result.returncode, "line": one_line(result), "files_under_final_names": complete, "intact": intact,
                     "manifest": (fs / "m" / ".pyllm-manifest.json").exists(), "traceback": "Traceback" in result.stderr}
     except Unavailable as exc:
         return {"skipped": str(exc)}
@@ -796,9 +799,10 @@ def cors(model: Path, home: Path) -> list[dict[str, Any]]:
             port = srv.config.port
             origins = {"the URL users are told": told, "http://127.0.0.1:PORT": f"http://127.0.0.1:{port}",
                        "http://localhost:PORT": f"http://localhost:{port}", "a foreign page": "http://evil.example"}
-            answers = {}
+            answers, allowed = {}, {}
             for label, origin in origins.items():
                 r = httpx.options(srv.base_url + "/v1/chat/completions", headers={"Origin": origin, "Access-Control-Request-Method": "POST"}, timeout=30)
                 answers[label] = r.headers.get("access-control-allow-origin")
-            rows.append({"bind": host, "told": told, "allow_origin": answers})
+                allowed[label] = answers[label] in (origin, "*")  # what a browser concludes
+            rows.append({"bind": host, "told": told, "allow_origin": answers, "allowed": allowed})
     return rows
