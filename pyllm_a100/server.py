@@ -70,11 +70,6 @@ class ServerConfig:
         return min(int(trained), DEFAULT_CTX) if trained else DEFAULT_CTX
 
     @property
-    def origin(self) -> str:
-        """The origin of pages served by this server, as users reach it (the public URL)."""
-        return self.public_url
-
-    @property
     def cors_allowed(self) -> str:
         """--cors-origins by default: cross-origin pages allowed are the loopback ones for a loopback
         bind (llama-server's ``localhost`` mode reflects http://127.0.0.1, localhost and [::1] origins),

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,7 @@ def append_line(path: Path, text: str) -> None:
 
 def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # threads of one supervisor too
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         with os.fdopen(fd, "w") as f:
