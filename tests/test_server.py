@@ -208,6 +208,18 @@ def shard_set(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return list(synthesize("tiny-deepseek4", out, split_max_size="12M", seed=42).paths)
 
 
+def _servers_of(home: Path) -> list[int]:
+    """llama-servers started under this test's PYLLM_HOME (other users of the machine run their own)."""
+    pids = []
+    for p in psutil.process_iter(["name"]):
+        try:
+            if p.info["name"] == "llama-server" and p.environ().get("PYLLM_HOME") == str(home):
+                pids.append(p.pid)
+        except psutil.Error:
+            pass
+    return pids
+
+
 def bad_input_cases(tmp: Path, model: Path, shards: list[Path]) -> dict[str, tuple[list[str], str]]:
     truncated = tmp / "truncated.gguf"
     truncated.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
@@ -249,13 +261,11 @@ CASES = ["missing file", "non-first shard", "missing shard", "truncated", "cut i
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_is_one_line_and_starts_nothing(case: str, tmp_path: Path, tiny_deepseek4: Path, shard_set: list[Path], pyllm_home: Path) -> None:
     args, message = bad_input_cases(tmp_path, tiny_deepseek4, shard_set)[case]
-    before = {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"}
     result = run_pyllm("serve", *args, timeout=120)
     assert result.returncode == 1
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
     assert message in result.stderr
-    after = {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "llama-server"}
-    assert after <= before, "no llama-server may be started for bad input"
+    assert _servers_of(pyllm_home) == [], "no llama-server may be started for bad input"
     assert not list((pyllm_home / "servers").glob("*/state.json")) if (pyllm_home / "servers").exists() else True
 
 
