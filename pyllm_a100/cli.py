@@ -132,7 +132,9 @@ def serve_cmd(
     ctx_size: Annotated[Optional[int], typer.Option(help="Context length in tokens (default: the model's, at most 16384).")] = None,
     host: Annotated[str, typer.Option(help="Address to bind; anything but loopback requires an API key.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8080,
-    api_key: Annotated[Optional[str], typer.Option(help="Require this API key (generated for non-loopback hosts).", envvar="PYLLM_API_KEY")] = None,
+    api_key: Annotated[Optional[str], typer.Option(
+        help="Require this API key (generated for non-loopback hosts). Prefer PYLLM_API_KEY: a value given here shows in ps.",
+        envvar="PYLLM_API_KEY")] = None,
     n_gpu_layers: Annotated[Optional[int], typer.Option(help="Layers on GPU (default: all when a GPU is visible).")] = None,
     parallel: Annotated[Optional[int], typer.Option(help="Request slots served at once.")] = None,
     cors_origins: Annotated[Optional[str], typer.Option(help="Widen CORS beyond the server's own origin (e.g. '*').")] = None,
@@ -574,13 +576,11 @@ def _temporary_dir(near: Path):
 
 
 def _click_errors() -> tuple[type, type, type | None, tuple[type, ...]]:
-    """The click exception classes typer raises (its own vendored click in typer >= 0.2x, click before)."""
-    import sys as _sys
-
+    """The click exception classes typer raises (its own vendored click in recent typer, click before)."""
     mro = typer.BadParameter.__mro__
     click_exc = next(c for c in mro if c.__name__ == "ClickException")
     usage = next(c for c in mro if c.__name__ == "UsageError")
-    module = _sys.modules[click_exc.__module__]
+    module = sys.modules[click_exc.__module__]
     aborts = tuple({typer.Abort, getattr(module, "Abort", typer.Abort)})
     return click_exc, usage, getattr(module, "NoArgsIsHelpError", None), aborts
 
@@ -592,10 +592,7 @@ def main() -> None:
     click_exception, usage_error, no_args, aborts = _click_errors()
     try:
         code = app(standalone_mode=False)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
-    except aborts:
+    except (KeyboardInterrupt, *aborts):
         err.print("interrupted")
         sys.exit(130)
     except click_exception as exc:  # bad option values, missing arguments, unknown options

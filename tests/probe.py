@@ -758,7 +758,6 @@ def key_required(model: Path, home: Path) -> dict[str, Any]:
     try:
         key = next(line for line in r.stdout.splitlines() if line.startswith("API key")).rsplit(" ", 1)[1]
         state = json.loads((home / "servers" / "open" / "state.json").read_text())
-        base = f"http://127.0.0.1:{state['port']}"
         probes = {"no key": None, "wrong key": "Bearer wrong", "empty bearer": "Bearer ", "bearer of spaces": "Bearer    ",
                   "the key": f"Bearer {key}"}
         body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
