@@ -132,7 +132,9 @@ def serve_cmd(
     ctx_size: Annotated[Optional[int], typer.Option(help="Context length in tokens (default: the model's, at most 16384).")] = None,
     host: Annotated[str, typer.Option(help="Address to bind; anything but loopback requires an API key.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8080,
-    api_key: Annotated[Optional[str], typer.Option(help="Require this API key (generated for non-loopback hosts).", envvar="PYLLM_API_KEY")] = None,
+    api_key: Annotated[Optional[str], typer.Option(
+        help="Require this API key (generated for non-loopback hosts). Prefer PYLLM_API_KEY: a value given here shows in ps.",
+        envvar="PYLLM_API_KEY")] = None,
     n_gpu_layers: Annotated[Optional[int], typer.Option(help="Layers on GPU (default: all when a GPU is visible).")] = None,
     parallel: Annotated[Optional[int], typer.Option(help="Request slots served at once.")] = None,
     cors_origins: Annotated[Optional[str], typer.Option(help="Widen CORS beyond the server's own origin (e.g. '*').")] = None,
@@ -185,7 +187,7 @@ def serve_cmd(
     started = time.monotonic()
     with bar:
         code = service.run(prepared, on_progress=update, on_ready=ready,
-                           on_event=lambda m: err.print(m, highlight=False, soft_wrap=True))
+                           on_event=lambda m: err.print(m, highlight=False, soft_wrap=True, markup=False))
     sys.exit(code)
 
 
@@ -290,7 +292,10 @@ def fetch_cmd(
 ) -> None:
     """Download GGUF shard sets, check disk space first, verify them, and record a manifest for serve/doctor."""
     from . import fetch
+    from .errors import InvalidArgument
 
+    if workers < 1:
+        raise InvalidArgument(f"--workers {workers}: must be at least 1 (files downloaded in parallel; default 8)")
     the_plan = fetch.plan(repo, include=include or [], exclude=exclude or [], source=source, revision=revision, token=token)
     root = local_dir or fetch.default_root(the_plan)
     for warning in the_plan.warnings:
@@ -381,7 +386,7 @@ def rpc_worker_cmd(
         print("Ctrl-C stops it.")
         sys.stdout.flush()
 
-    sys.exit(service.run(prepared, on_ready=ready, on_event=lambda m: err.print(m, highlight=False)))
+    sys.exit(service.run(prepared, on_ready=ready, on_event=lambda m: err.print(m, highlight=False, markup=False)))
 
 
 @app.command("bench")
@@ -457,24 +462,31 @@ def supervise_cmd(directory: Path) -> None:
 
 
 @app.command("ps")
-def ps_cmd(as_json: JsonFlag = False) -> None:
-    """Managed servers: name, status, endpoint, model, PIDs. Stale entries are cleaned."""
+def ps_cmd(
+    as_json: JsonFlag = False,
+    prune: Annotated[bool, typer.Option(help="Also remove failed servers' entries (their logs stay on disk).")] = False,
+) -> None:
+    """Managed servers: name, status, endpoint, model, PIDs. Stale entries are cleaned; failed ones stay until stopped or pruned."""
     from . import state
 
-    live, stale = state.list_servers()
+    entries, stale = state.list_servers(prune=prune)
     if as_json:
-        print(json.dumps([dict(e.data, name=e.name) for e in live], indent=2))
+        print(json.dumps([dict(e.data, name=e.name) for e in entries], indent=2))
         return
     for name in stale:
-        err.print(f"removed stale entry {name} (its process is gone)")
-    if not live:
+        err.print(f"removed {'entry' if prune else 'stale entry'} {name} (its process is gone)", markup=False)
+    if not entries:
         print("no managed servers")
         return
     print(f"{'NAME':<28} {'KIND':<10} {'STATUS':<11} {'URL':<26} {'PID':>7} {'RESTARTS':>8}  MODEL")
-    for e in live:
+    for e in entries:
         d = e.data
-        print(f"{e.name:<28} {d.get('kind', 'server'):<10} {d.get('status', '?'):<11} {d.get('url', ''):<26} "
-              f"{d.get('server_pid') or '-':>7} {d.get('restarts', 0):>8}  {d.get('model', '')}")
+        pid = "-" if e.failed else (d.get("server_pid") or "-")
+        print(f"{e.name:<28} {str(d.get('kind', 'server')):<10} {str(d.get('status', '?')):<11} {str(d.get('url', '')):<26} "
+              f"{pid:>7} {d.get('restarts', 0):>8}  {d.get('model', '')}")
+        if e.failed:
+            print(f"  failed: {' '.join(str(d.get('error') or 'unknown').split())}")
+            print(f"  logs: pyllm logs {e.name}; remove: pyllm stop {e.name} (or pyllm ps --prune)")
 
 
 @app.command("stop")
@@ -485,12 +497,19 @@ def stop_cmd(
     """Stop a managed server (SIGTERM, then SIGKILL if it does not exit)."""
     from . import state
 
-    entries = state.list_servers()[0] if all_ else [state.find(name)]
-    if all_ and not entries:
-        print("no managed servers")
+    if all_:
+        entries, stale = state.list_servers()
+        for gone in stale:
+            err.print(f"removed stale entry {gone} (its process is gone)", markup=False)
+        if not entries:
+            print("no managed servers")
+    else:
+        entries = [state.find(name)]
     for entry in entries:
-        state.stop(entry)
-        print(f"stopped {entry.name}")
+        if state.stop(entry):
+            print(f"stopped {entry.name}")
+        else:
+            print(f"removed {entry.name} ({'it had failed' if entry.failed else 'its process was gone'}; logs kept in {entry.directory})")
 
 
 @app.command("logs")
@@ -556,18 +575,43 @@ def _temporary_dir(near: Path):
     return tempfile.TemporaryDirectory(prefix=".pyllm-", dir=folder)
 
 
+def _click_errors() -> tuple[type, type, type | None, tuple[type, ...]]:
+    """The click exception classes typer raises (its own vendored click in recent typer, click before)."""
+    mro = typer.BadParameter.__mro__
+    click_exc = next(c for c in mro if c.__name__ == "ClickException")
+    usage = next(c for c in mro if c.__name__ == "UsageError")
+    module = sys.modules[click_exc.__module__]
+    aborts = tuple({typer.Abort, getattr(module, "Abort", typer.Abort)})
+    return click_exc, usage, getattr(module, "NoArgsIsHelpError", None), aborts
+
+
 def main() -> None:
-    """Entry point: known errors become one line on stderr and exit status 1."""
+    """Entry point: known errors and usage mistakes become one line on stderr and a non-zero exit."""
+    from rich.markup import escape
+
+    click_exception, usage_error, no_args, aborts = _click_errors()
     try:
-        app()
+        code = app(standalone_mode=False)
+    except (KeyboardInterrupt, *aborts):
+        err.print("interrupted")
+        sys.exit(130)
+    except click_exception as exc:  # bad option values, missing arguments, unknown options
+        if no_args is not None and isinstance(exc, no_args):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if os.environ.get("PYLLM_DEBUG") == "1":
+            raise
+        where = getattr(getattr(exc, "ctx", None), "command_path", None) or "pyllm"
+        hint = f" (see `{where} --help`)" if isinstance(exc, usage_error) else ""
+        message = " ".join(exc.format_message().split())
+        err.print(f"[bold red]error:[/] {escape(message + hint)}", soft_wrap=True)
+        sys.exit(exc.exit_code)
     except (PyllmError, llama_source.SourceError) as exc:
         if os.environ.get("PYLLM_DEBUG") == "1":
             raise
-        err.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(' '.join(str(exc).split()))}", soft_wrap=True)
         sys.exit(1)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

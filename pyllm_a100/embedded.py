@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .bindings import llama_cpp_module
-from .errors import ModelError
+from .errors import InvalidArgument, ModelError
 from .gguf_files import ModelFiles, resolve_model
 from .native import build_info
 from .splits import check_against_devices, parse_tensor_split
@@ -70,6 +70,11 @@ class Llama(_llama_cpp.Llama):
     ) -> None:
         # llama_cpp.Llama.__del__ closes self._stack: have one even if the checks below raise.
         self._stack = contextlib.ExitStack()
+        n_ctx = kwargs.get("n_ctx")
+        if n_ctx is not None and n_ctx < 0:
+            raise InvalidArgument(f"--ctx-size {n_ctx}: must be a positive number of tokens (e.g. 4096), or 0 for the model's own")
+        if n_gpu_layers is not None and n_gpu_layers < -1:
+            raise InvalidArgument(f"--n-gpu-layers {n_gpu_layers}: give 0 (CPU only), a number of layers or -1 (all)")
         self.model_files: ModelFiles = resolve_model(model_path)
         self.last_generation = GenerationStats()
         if n_gpu_layers is None:
@@ -109,6 +114,8 @@ class Llama(_llama_cpp.Llama):
         """
         if not isinstance(prompt, str):
             return super().generate(prompt, *args, **sampling)
+        if max_tokens < 1:
+            raise InvalidArgument(f"--max-tokens {max_tokens}: must be at least 1")
         return self._generate_text(prompt, max_tokens=max_tokens, **sampling)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:

@@ -3,6 +3,7 @@
 PyllmError
 ├── NativeBuildNotFound (FileNotFoundError)   the compiled llama.cpp is missing
 ├── BindingsError (ImportError)               llama-cpp-python missing or bound elsewhere
+├── InvalidArgument (ValueError)              a value out of range: --max-tokens -5, --restart -1, ...
 ├── TensorSplitError (ValueError)             bad --tensor-split
 ├── ModelError                                a model that cannot be served as given
 │   ├── ModelNotFound (FileNotFoundError)
@@ -19,6 +20,7 @@ PyllmError
 │   ├── HubUnreachable (ConnectionError)       suggest a mirror (HF_ENDPOINT) or an offline copy
 │   ├── NotEnoughDisk (OSError)
 │   └── VerificationFailed (ValueError)        size, sha256 or shard set wrong
+├── StateError (OSError)                      PYLLM_HOME unusable (a file, read-only, ...)
 └── ServerError (RuntimeError)                a managed llama-server
     ├── ServerConfigError (ValueError)        bad --ctx-size, --split-mode, ...
     ├── PortInUse (OSError)
@@ -43,6 +45,10 @@ class NativeBuildNotFound(PyllmError, FileNotFoundError):
 
 class BindingsError(PyllmError, ImportError):
     """``llama_cpp was already imported with /other/libllama.so: import pyllm_a100 first``"""
+
+
+class InvalidArgument(PyllmError, ValueError):
+    """``--max-tokens -5: must be at least 1``"""
 
 
 class TensorSplitError(PyllmError, ValueError):
@@ -83,6 +89,10 @@ class ModelUnreadable(ModelError, PermissionError):
 
 class UnknownArchitecture(ModelError, ValueError):
     """``model architecture 'x' is unknown to this build's llama.cpp: build a newer source``"""
+
+
+class StateError(PyllmError, OSError):
+    """``PYLLM_HOME=/x is a file, not a folder: point PYLLM_HOME at a folder (or unset it)``"""
 
 
 class ServerError(PyllmError, RuntimeError):

@@ -11,10 +11,52 @@ from typing import Any
 _INTERESTING = re.compile(r"error|failed|exception|abort|fatal|out of memory|what\(\)", re.IGNORECASE)
 
 
-def tail(text: str, n: int = 3) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("=== pyllm-a100")]
+def tail(text: str, n: int = 3, window: int = 40) -> str:
+    """The telling lines among the last ``window`` lines (never older ones: they rarely explain the end)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("=== pyllm-a100")][-window:]
     picked = [ln for ln in lines if _INTERESTING.search(ln)][-n:] or lines[-n:]
     return " | ".join(picked)
+
+
+# ggml-cuda's CUDA_CHECK: "CUDA error: <text>" then "  current device: N, in function F at FILE:LINE".
+_CUDA_ERROR = re.compile(
+    r"CUDA error: (?P<error>[^\n]+?)\s*\n\s*current device: (?P<device>-?\d+), in function (?P<function>\w+) at (?P<file>[^\n]+?):(?P<line>\d+)"
+)
+# Backtrace frames naming a ggml-cuda function: gdb (demangled, "in f(...)" or "f (...) at"), or
+# backtrace_symbols / dladdr (mangled "_Z<len><name>...").
+_FRAME = re.compile(r"(?:_Z(?P<len>\d+))?(?P<name>ggml_cuda_\w+)")
+_NOT_THE_KERNEL = {"ggml_cuda_error", "ggml_cuda_kernel_launch", "ggml_cuda_set_device", "ggml_cuda_get_device"}
+
+
+def cuda_abort(log: str) -> dict[str, str] | None:
+    """The CUDA error llama-server aborted on: error text, device, where it was caught, and the
+    ggml-cuda operation whose launch failed (the first such frame of the backtrace)."""
+    m = _CUDA_ERROR.search(log)
+    if not m:
+        return None
+    found = {"error": m["error"].strip(), "device": m["device"], "function": m["function"],
+             "where": f"{Path(m['file'].strip()).name}:{m['line']}", "kernel": ""}
+    for line in log[m.end():].splitlines()[:200]:
+        for frame in _FRAME.finditer(line):
+            name = frame["name"][: int(frame["len"])] if frame["len"] else frame["name"]
+            if name not in _NOT_THE_KERNEL and name != found["function"]:
+                found["kernel"] = name
+                return found
+    return found
+
+
+def _logs_hint(log_path: Path | None) -> str:
+    """`pyllm logs NAME` for a managed server's log, else the log's path."""
+    if log_path is not None:
+        try:
+            from .state import servers_dir
+
+            if log_path.parent.parent == servers_dir():
+                return f"`pyllm logs {log_path.parent.name}`"
+        except Exception:  # an unusable PYLLM_HOME must not hide the real error
+            pass
+        return str(log_path)
+    return "the server log"
 
 
 def _exit_text(code: int | None) -> str:
@@ -63,6 +105,17 @@ def explain(log: str, code: int | None, config: Any = None, *, log_path: Path | 
             f"this build has CUDA code for sm {archs} only, which cannot run on {gpus}: reinstall with "
             f"-C cmake.define.CMAKE_CUDA_ARCHITECTURES=\"{archs};<your GPU's sm>\"{where}"
         )
+    if code is not None and code < 0 and -code == signal.SIGKILL:
+        return f"llama-server was killed by SIGKILL (by the OOM killer or a user); `dmesg | tail` tells which{where}"
+    cuda = cuda_abort(log)
+    if cuda:
+        inside = cuda["kernel"] or cuda["function"]
+        caught = f" ({cuda['function']}, {cuda['where']})" if cuda["kernel"] else f" ({cuda['where']})"
+        return (
+            f"llama-server aborted: CUDA error '{cuda['error']}' in {inside}{caught} on CUDA{cuda['device']}: a fault in "
+            f"llama.cpp's CUDA code or the driver, not in your request; report it to llama.cpp with the log "
+            f"({_logs_hint(log_path)}) and the request that triggered it"
+        )
     if "Remote RPC server crashed or returned malformed response" in log or re.search(r"Failed to connect to \S+:\d+", log):
         m = re.search(r"Failed to connect to (\S+:\d+)", log)
         workers = m[1] if m else ", ".join(map(str, getattr(config, "rpc", []) or [])) or "an rpc-server"
@@ -84,6 +137,4 @@ def explain(log: str, code: int | None, config: Any = None, *, log_path: Path | 
         return f"a shard of the model is missing: {m[1]}; download the whole set (pyllm fetch resumes){where}"
     if re.search(r"Permission denied", log):
         return f"llama-server cannot read the model (permission denied): fix the file's permissions (chmod a+r){where}"
-    if code is not None and code < 0 and -code == signal.SIGKILL:
-        return f"llama-server was killed by SIGKILL (by the OOM killer or a user); `dmesg | tail` tells which{where}"
     return f"llama-server stopped ({status}): {tail(log)}{where}"

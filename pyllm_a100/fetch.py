@@ -33,7 +33,7 @@ from .errors import (
     RepoNotFound,
     VerificationFailed,
 )
-from .gguf_files import SHARD_RE, set_members, shard_name
+from .shards import SHARD_RE, set_members, shard_name
 from .state import home, write_json_atomic
 
 MANIFEST = ".pyllm-manifest.json"
@@ -205,6 +205,9 @@ def check_space(plan: FetchPlan, root: Path) -> int:
     probe = root
     while not probe.exists():
         probe = probe.parent
+    if not probe.is_dir():
+        where = "is a file" if probe == root else f"is under {probe}, which is a file"
+        raise FetchError(f"--local-dir {root} {where}, not a folder: give a folder (it is created if missing)")
     free = shutil.disk_usage(probe).free
     if missing > free:
         raise NotEnoughDisk(
@@ -356,9 +359,10 @@ def write_manifest(plan: FetchPlan, root: Path, checked: dict[str, Any]) -> Path
 
 def read_manifest(root: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((root / MANIFEST).read_text())
+        data = json.loads((root / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None  # valid JSON of another shape is as unreadable as bytes
 
 
 def index_path() -> Path:
@@ -371,6 +375,7 @@ def register(repo: str, root: Path) -> None:
         index = json.loads(path.read_text())
     except (OSError, ValueError):
         index = {}
+    index = index if isinstance(index, dict) else {}
     roots = set(index.get(repo, [])) | {str(root.resolve())}
     index[repo] = sorted(roots)
     write_json_atomic(path, index)
@@ -381,6 +386,8 @@ def local_models() -> list[dict[str, Any]]:
     try:
         index = json.loads(index_path().read_text())
     except (OSError, ValueError):
+        return []
+    if not isinstance(index, dict):
         return []
     rows = []
     for repo, roots in sorted(index.items()):

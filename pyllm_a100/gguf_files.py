@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-import re
 from pathlib import Path
 from typing import Any
 
+from .fetch import resolve_name
 from .gguf_header import Header, HeaderError, read_header
+from .shards import SHARD_RE, group_sets, set_members, shard_name
 from .errors import (
     ModelNotFound,
     ModelUnreadable,
@@ -27,21 +28,8 @@ from .errors import (
     AmbiguousModel,
 )
 
-SHARD_RE = re.compile(r"^(?P<base>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 GGUF_MAGIC = b"GGUF"
-
-
-def shard_name(base: str, index: int, count: int) -> str:
-    return f"{base}-{index:05d}-of-{count:05d}.gguf"
-
-
-def set_members(first: Path) -> list[Path]:
-    """Every file of the set ``first`` names (shard k of N -> all N shards; a plain .gguf -> itself)."""
-    match = SHARD_RE.match(first.name)
-    if not match:
-        return [first]
-    count = int(match["count"])
-    return [first.with_name(shard_name(match["base"], i, count)) for i in range(1, count + 1)]
+__all__ = ["SHARD_RE", "shard_name", "set_members", "ModelFiles", "locate", "resolve_model"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,21 +64,46 @@ def _looks_like_glob(text: str) -> bool:
     return any(ch in text for ch in "*?[")
 
 
-def _group_sets(files: list[Path]) -> dict[str, list[Path]]:
-    sets: dict[str, list[Path]] = {}
-    for f in sorted(files):
-        match = SHARD_RE.match(f.name)
-        key = str(f.parent / match["base"]) if match else str(f)
-        sets.setdefault(key, []).append(f)
-    return sets
+# How deep below a folder `serve DIR` looks when DIR itself holds no .gguf (`--include "QUANT/*"`
+# downloads leave DIR/QUANT/NAME-00001-of-0000N.gguf).
+SEARCH_DEPTH = 3
 
 
-def _pick_from(candidates: list[Path], spec: str) -> Path:
+def _ggufs_below(folder: Path, depth: int = SEARCH_DEPTH) -> list[Path]:
+    """.gguf files in the subfolders of ``folder`` (not hidden ones such as huggingface_hub's .cache)."""
+    found: list[Path] = []
+    level = [folder]
+    for _ in range(depth):
+        next_level = []
+        for d in level:
+            try:
+                children = sorted(d.iterdir())
+            except OSError:
+                continue
+            for child in children:
+                if child.name.startswith("."):
+                    continue
+                if child.is_dir():
+                    next_level.append(child)
+                elif d is not folder and child.name.endswith(".gguf") and child.is_file():
+                    found.append(child)
+        level = next_level
+    return found
+
+
+def _pick_from(candidates: list[Path], spec: str, folder: Path | None = None) -> Path:
     ggufs = [p for p in candidates if p.name.endswith(".gguf") and p.is_file()]
+    below = False
+    if not ggufs and folder is not None:
+        ggufs, below = _ggufs_below(folder), True
     if not ggufs:
         raise ModelNotFound(f"{spec} holds no .gguf file: give a .gguf file, shard 1 of a set, or fetch one with `pyllm fetch`")
-    sets = _group_sets(ggufs)
+    sets = group_sets(ggufs)
     if len(sets) > 1:
+        if below:
+            names = ", ".join(str(min(m).relative_to(folder)) for m in sets.values())
+            raise AmbiguousModel(f"{spec} holds {len(sets)} models in its subfolders ({names}): give one of them, "
+                                 f"e.g. {Path(spec) / min(next(iter(sets.values()))).relative_to(folder)}")
         names = ", ".join(sorted(Path(k).name for k in sets))
         raise AmbiguousModel(f"{spec} holds {len(sets)} models ({names}): give one of them, e.g. its shard 1 file")
     (members,) = sets.values()
@@ -116,10 +129,8 @@ def _locate(text: str) -> Path:
             raise ModelNotFound(f"{text} matches no file: check the pattern (quote it so the shell does not expand it)")
         return _pick_from(matches, text)
     if path.is_dir():
-        return _pick_from(list(path.iterdir()), text)
+        return _pick_from(list(path.iterdir()), text, folder=path)
     if not path.exists():
-        from .fetch import resolve_name
-
         fetched = resolve_name(text)  # REPO or REPO:QUANT fetched earlier
         if fetched is not None:
             return fetched

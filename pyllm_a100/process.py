@@ -102,7 +102,7 @@ class ManagedProcess(abc.ABC):
         self._spawn()
         self.wait_ready()
         self.status = "ready"
-        if self.restart > 0 and self._supervisor is None:
+        if self._supervisor is None:  # also with restart=0: a death is noticed, explained and reported
             self._supervisor = threading.Thread(target=self._supervise, name=f"pyllm-supervise-{self.name}", daemon=True)
             self._supervisor.start()
         return self
@@ -111,8 +111,10 @@ class ManagedProcess(abc.ABC):
         env = dict(self.env if self.env is not None else os.environ)
         env.setdefault("CUDA_CACHE_MAXSIZE", "4294967296")  # keep JIT-compiled PTX between runs
         if self.log_path is not None:
+            from .state import open_private
+
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log_file = open(self.log_path, "ab", buffering=0)
+            self._log_file = open_private(self.log_path, "ab")  # 0600: the log holds prompts
         else:
             self._log_file = tempfile.NamedTemporaryFile(prefix=f"{self.name}-", suffix=".log", delete=False)
             self.log_path = Path(self._log_file.name)
@@ -128,6 +130,7 @@ class ManagedProcess(abc.ABC):
         self.on_event(f"started {self.name} (pid {self.proc.pid}), log {self.log_path}")
 
     def log_text(self, since_start: bool = True) -> str:
+        """The log; by default only what the current (or last) run wrote, never earlier runs' lines."""
         if self.log_path is None or not self.log_path.exists():
             return ""
         with open(self.log_path, "rb") as f:
@@ -185,7 +188,7 @@ class ManagedProcess(abc.ABC):
             return code
 
     def _supervise(self) -> None:
-        """Restart the child when it dies after being ready, with backoff, up to ``restart`` times."""
+        """Notice a death after ready; restart with backoff up to ``restart`` times, then report ``failed``."""
         while not self._stopping.is_set():
             assert self.proc is not None
             code = self.proc.poll()
@@ -198,7 +201,8 @@ class ManagedProcess(abc.ABC):
             self.last_exit = reason
             if self.restarts >= self.restart:
                 self.status = "failed"
-                self.on_event(f"{self.name} died ({reason}); not restarting: {self.restart} restart(s) used")
+                used = f"{self.restart} restart(s) used" if self.restart else "restarts are off (--restart 0)"
+                self.on_event(f"{self.name} died ({reason}); not restarting: {used}")
                 return
             delay = min(30.0, 1.0 * 2**self.restarts)
             self.restarts += 1

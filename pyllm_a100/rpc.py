@@ -21,7 +21,7 @@ from pathlib import Path
 from .errors import RpcError
 from .native import binary
 from .process import ManagedProcess
-from .net import is_loopback, port_in_use
+from .net import bind_refusal, host_problem, is_loopback
 
 DEFAULT_PORT = 50052
 RPC_CMD_HELLO = 14  # ggml-rpc.cpp: static_assert(RPC_CMD_HELLO == 14)
@@ -126,6 +126,9 @@ class WorkerConfig:
     allow_network: bool = False
 
     def __post_init__(self) -> None:
+        problem = host_problem(self.host)
+        if problem:
+            raise RpcError(f"--host {self.host!r} is {problem}: use 127.0.0.1, or this machine's private-network address with --allow-network")
         if self.host in ("0.0.0.0", "::") and not self.allow_network:
             raise RpcError(f"--host {self.host} would expose rpc-server on every interface: {NO_AUTH_WARNING}; "
                            "if this host is on a private network, pass --allow-network with that network's own address")
@@ -133,8 +136,12 @@ class WorkerConfig:
             raise RpcError(f"--host {self.host} is not loopback: {NO_AUTH_WARNING}; pass --allow-network to bind it anyway")
         if not 1 <= self.port <= 65535:
             raise RpcError(f"--port {self.port}: must be between 1 and 65535")
-        if port_in_use(self.host, self.port):
-            raise RpcError(f"port {self.port} on {self.host} is already in use: pass another --port")
+        if self.threads is not None and self.threads < 1:
+            raise RpcError(f"--threads {self.threads}: must be at least 1 (or leave it out: rpc-server picks)")
+        refused = bind_refusal(self.host, self.port)
+        if refused:
+            in_use, reason = refused
+            raise RpcError(reason + (": pass another --port" if in_use else ""))
 
     @property
     def endpoint(self) -> Endpoint:

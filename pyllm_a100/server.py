@@ -29,7 +29,7 @@ from . import failures
 from .errors import PortInUse, ServerConfigError
 from .gguf_files import ModelFiles, resolve_model
 from .native import binary, build_info
-from .net import free_port, is_loopback, port_in_use, port_owner
+from .net import bind_refusal, free_port, host_problem, is_loopback
 from .process import ManagedProcess
 from .splits import check_against_devices, parse_tensor_split, to_llama_arg
 
@@ -70,9 +70,15 @@ class ServerConfig:
         return min(int(trained), DEFAULT_CTX) if trained else DEFAULT_CTX
 
     @property
-    def origin(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+    def cors_allowed(self) -> str:
+        """--cors-origins by default: cross-origin pages allowed are the loopback ones for a loopback
+        bind (llama-server's ``localhost`` mode reflects http://127.0.0.1, localhost and [::1] origins),
+        else the address users are told to use (``http://HOSTNAME:PORT`` for a wildcard bind, never
+        ``http://0.0.0.0:PORT``). llama-server sends one Access-Control-Allow-Origin value as given, so
+        one rule per bind; pages served by the server itself are same-origin and need none."""
+        if self.cors_origins:
+            return self.cors_origins
+        return "localhost" if is_loopback(self.host) else self.public_url
 
     @property
     def public_url(self) -> str:
@@ -89,7 +95,7 @@ class ServerConfig:
             "--port", str(self.port),
             "--ctx-size", str(self.effective_ctx),
             "--alias", self.served_name,
-            "--cors-origins", self.cors_origins or self.origin,
+            "--cors-origins", self.cors_allowed,
         ]
         if self.n_gpu_layers is not None:
             argv += ["--n-gpu-layers", str(self.n_gpu_layers)]
@@ -132,35 +138,53 @@ def make_config(
     extra_args: Sequence[str] = (),
     require_api_key: bool = True,
 ) -> ServerConfig:
-    """Validate every input before anything starts; raise one clear error per mistake."""
-    files = model if isinstance(model, ModelFiles) else resolve_model(model)
+    """Validate every input before anything starts; raise one clear error per mistake.
+
+    Order: the arguments themselves, then the model files, then the machine (GPUs, RPC
+    workers, the port): a bad argument is reported as such even when, say, the port is busy.
+    """
+    # 1. the arguments alone
     if ctx_size is not None and ctx_size < 1:
         raise ServerConfigError(f"--ctx-size {ctx_size}: must be a positive number of tokens (e.g. 8192)")
     if parallel is not None and parallel < 1:
         raise ServerConfigError(f"--parallel {parallel}: must be at least 1")
+    if n_gpu_layers is not None and n_gpu_layers < -1:
+        raise ServerConfigError(f"--n-gpu-layers {n_gpu_layers}: give 0 (CPU only), a number of layers (999 = all) "
+                                "or -1 (llama.cpp decides); leave it out for all layers when a GPU is visible")
     if split_mode == "row":
         raise ServerConfigError("--split-mode row: the pinned llama.cpp's CUDA backend has no row-split buffers "
                                 "(llama-server fails with 'does not support split buffers'): use layer (the default) or tensor")
     if split_mode is not None and split_mode not in SPLIT_MODES:
         raise ServerConfigError(f"--split-mode {split_mode}: choose one of {', '.join(SPLIT_MODES)}")
-    if split_mode == "tensor" and files.architecture == "deepseek4":
-        raise ServerConfigError("--split-mode tensor does not support deepseek4 in this llama.cpp: use layer (the default) or row")
-    if port is None or port == 0:
-        port = free_port(host if is_loopback(host) else "0.0.0.0")
-    if not 1 <= port <= 65535:
-        raise ServerConfigError(f"--port {port}: must be between 1 and 65535")
-    if port_in_use(host, port):
-        raise PortInUse(f"port {port} on {host} is already in use{port_owner(port)}: pass another --port, or stop that server (pyllm ps / pyllm stop)")
+    if port is not None and port != 0 and not 1 <= port <= 65535:
+        raise ServerConfigError(f"--port {port}: must be between 1 and 65535 (0: any free port)")
+    problem = host_problem(host)
+    if problem:
+        raise ServerConfigError(f"--host {host!r} is {problem}: use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) "
+                                "or one of this machine's addresses (ip addr)")
+    parts = parse_tensor_split(tensor_split) if tensor_split is not None else None
+    if api_key_file is not None:
+        check_key_file(Path(api_key_file))
+    if require_api_key and not is_loopback(host) and api_key_file is None:
+        raise ServerConfigError(f"--host {host} is reachable from the network: give an API key (Server(api_key=...) or pyllm serve generates one)")
     endpoints: list[Any] = []
     if rpc:
         from . import rpc as rpc_module
 
         endpoints = rpc_module.parse_endpoints(rpc) if isinstance(rpc, str) else list(rpc)
+    # 2. the model files
+    files = model if isinstance(model, ModelFiles) else resolve_model(model)
+    if split_mode == "tensor" and files.architecture == "deepseek4":
+        raise ServerConfigError("--split-mode tensor does not support deepseek4 in this llama.cpp: use layer (the default)")
+    # 3. the machine: RPC workers, devices, then the address
+    if port is None or port == 0:
+        port = free_port(host if is_loopback(host) else "0.0.0.0")
+    if endpoints:
+        from . import rpc as rpc_module
+
         for endpoint in endpoints:
             rpc_module.hello(endpoint)  # each worker must answer before llama-server is started
-    parts = None
-    if tensor_split is not None:
-        parts = parse_tensor_split(tensor_split)
+    if parts is not None:
         if endpoints:
             from .rpc import list_devices
 
@@ -170,17 +194,79 @@ def make_config(
 
             n_devices = len(visible_gpus())
         check_against_devices(parts, n_devices, text=str(tensor_split))
+    refused = bind_refusal(host, port)  # last: a busy port never hides a mistake found above
+    if refused:
+        in_use, reason = refused
+        if in_use:
+            raise PortInUse(f"{reason}: pass another --port, or stop that server (pyllm ps / pyllm stop)")
+        raise ServerConfigError(reason)
     if n_gpu_layers is None:
         n_gpu_layers = 999 if endpoints else default_gpu_layers()  # remote devices hold layers too
-    if api_key_file is not None and not Path(api_key_file).is_file():
-        raise ServerConfigError(f"API key file {api_key_file} does not exist")
-    if require_api_key and not is_loopback(host) and api_key_file is None:
-        raise ServerConfigError(f"--host {host} is reachable from the network: give an API key (Server(api_key=...) or pyllm serve generates one)")
     return ServerConfig(
         model=files, host=host, port=port, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers, tensor_split=parts,
         split_mode=split_mode, parallel=parallel, api_key_file=Path(api_key_file) if api_key_file else None,
         cors_origins=cors_origins, alias=alias, rpc=endpoints, extra_args=list(extra_args),
     )
+
+
+def check_api_key(key: str) -> str:
+    """A key llama-server will really enforce: not empty, no spaces or line breaks, not a '#' comment."""
+    if not key.strip():
+        raise ServerConfigError("--api-key is empty or only spaces, which would leave the server open: give a real key, "
+                                "or leave --api-key out (a key is generated for non-loopback hosts)")
+    if any(ch.isspace() for ch in key) or key.startswith("#"):
+        raise ServerConfigError("--api-key must not contain spaces or line breaks, nor start with '#' (llama-server reads "
+                                "its key file line by line, '#' lines as comments): use e.g. the generated one")
+    return key
+
+
+def check_key_file(path: Path) -> Path:
+    """An --api-key-file that holds at least one usable key and no blank one (llama-server's rules)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ServerConfigError(f"API key file {path} cannot be read ({exc.strerror}): give a readable file with one key per line") from exc
+    keys = [line for line in lines if line and not line.startswith("#")]
+    if not keys or any(not k.strip() for k in keys):
+        raise ServerConfigError(f"API key file {path} has no usable key (empty or blank lines only): put one key per line in it")
+    return path
+
+
+# llama-server flags whose value is a local file or folder (the pinned common/arg.cpp's FNAME/PATH/FILE options).
+PATH_FLAGS = frozenset({
+    "-m", "--model", "-md", "--model-draft", "--spec-draft-model", "-mm", "--mmproj", "--lora", "--lora-scaled",
+    "--control-vector", "--control-vector-scaled", "--grammar-file", "-jf", "--json-schema-file", "--chat-template-file",
+    "--api-key-file", "--ssl-key-file", "--ssl-cert-file", "--slot-save-path", "--path", "--media-path", "--models-dir",
+    "--models-preset", "--log-file", "--log-prompts-dir", "-lcs", "--lookup-cache-static", "-lcd", "--lookup-cache-dynamic",
+    "--prompt-cache", "-sysf", "--system-prompt-file", "--ui-config-file", "--webui-config-file", "--mcp-servers-config",
+    "--context-file", "--logits-output-dir",
+})
+
+
+def absolute_paths(args: Sequence[str], cwd: str | os.PathLike[str] | None = None) -> list[str]:
+    """``args`` with the value of every path flag made absolute (``-md d.gguf``, ``--lora=x.gguf``), so a
+    supervisor running elsewhere (cwd ``/``) finds the same files."""
+    base = Path(cwd or os.getcwd())
+
+    def absolute(value: str) -> str:
+        if not value:
+            return value
+        path = Path(value).expanduser()
+        return str(path if path.is_absolute() else base / path)
+
+    out: list[str] = []
+    expect = False
+    for arg in args:
+        if expect:
+            out.append(absolute(arg))
+            expect = False
+        elif arg.startswith("-") and "=" in arg and arg.split("=", 1)[0] in PATH_FLAGS:
+            flag, value = arg.split("=", 1)
+            out.append(f"{flag}={absolute(value)}")
+        else:
+            expect = arg in PATH_FLAGS
+            out.append(arg)
+    return out
 
 
 # --- the process -------------------------------------------------------------------------
@@ -246,7 +332,7 @@ class Server(ManagedProcess):
             if model is None:
                 raise ServerConfigError("Server needs a model (a .gguf file, shard 1 of a set, or a folder)")
             if api_key is not None and "api_key_file" not in options:
-                options["api_key_file"] = self._write_key_file(api_key, log_path)
+                options["api_key_file"] = self._write_key_file(check_api_key(api_key), log_path)
             config = make_config(model, **options)
         self.config = config
         self.api_key = api_key

@@ -8,6 +8,7 @@ the caller returns once ready. Both kinds show in `pyllm ps` and obey `stop`/`lo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -20,15 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from . import state
-from .errors import ServerDied, ServerError
+from .errors import InvalidArgument, ServerDied, ServerError
 from .net import is_loopback
 from .process import ManagedProcess
 from .rpc import DEFAULT_PORT as DEFAULT_RPC_PORT
 from .rpc import RpcWorker, WorkerConfig
-from .server import LoadProgress, Server, ServerConfig, make_config
+from .server import LoadProgress, Server, ServerConfig, absolute_paths, check_api_key, make_config
 
 REQUEST = "request.json"
 
@@ -106,7 +105,13 @@ class Prepared:
                 "api_key_file": self.request.api_key_file}
 
 
+def _check_restart(restart: int) -> None:
+    if restart < 0:
+        raise InvalidArgument(f"--restart {restart}: must be 0 (never restart) or a number of restarts (default: 3 detached)")
+
+
 def prepare_worker(request: WorkerRequest) -> Prepared:
+    _check_restart(request.restart)
     config = request.to_config()  # validates (loopback rule, port) before anything is written
     directory = state.new_server_dir(request.name or f"rpc-worker-{config.port}")
     request.name = directory.name
@@ -114,9 +119,20 @@ def prepare_worker(request: WorkerRequest) -> Prepared:
 
 
 def prepare(request: ServeRequest, api_key: str | None = None) -> Prepared:
-    """Validate everything and create the state folder (with the API key file if any)."""
+    """Validate everything and create the state folder (with the API key file if any).
+
+    Every path is made absolute here (the model, files named after ``--``, a key file): a
+    detached supervisor runs with cwd ``/`` and must find the same files.
+    """
     # Validate before touching disk: a bad model or port must leave nothing behind.
+    _check_restart(request.restart)
+    if api_key is not None:
+        check_api_key(api_key)
+    if request.api_key_file is not None:
+        request.api_key_file = os.path.abspath(os.path.expanduser(request.api_key_file))
+    request.extra_args = absolute_paths(request.extra_args)
     probe = request.to_config(require_api_key=False)  # a key file is written below when one is needed
+    request.model = str(probe.model.first)  # resolved: a relative path, a folder, a glob or REPO:QUANT
     directory = state.new_server_dir(request.name or f"{probe.model.name}-{probe.port}")
     generated = None
     if api_key is None and request.api_key_file is None and not is_loopback(request.host):
@@ -130,12 +146,10 @@ def prepare(request: ServeRequest, api_key: str | None = None) -> Prepared:
 
 
 def _state_record(prepared: Prepared, server: ManagedProcess | None, status: str, **extra: Any) -> dict[str, Any]:
-    me = psutil.Process()
     return {
         "name": prepared.directory.name,
         "status": status,
-        "supervisor_pid": me.pid,
-        "started_at": me.create_time(),
+        **state.owner_record(),  # pid, start time, command line digest: `stop` signals only this process
         "server_pid": server.pid if server else None,
         **prepared.describe(),
         "restart_limit": prepared.request.restart,
@@ -171,12 +185,12 @@ def run(
             on_progress(p)
 
     def event(message: str) -> None:
-        with open(directory / "events.log", "a") as f:
-            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+        state.append_line(directory / "events.log", f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}")
         if server is not None and server.status in ("ready", "restarting", "failed"):
-            state.save(directory, _state_record(prepared, server, server.status, last_exit=server.last_exit))
-        if on_event:
-            on_event(message)
+            extra = {"error": server.last_exit} if server.status == "failed" else {}
+            state.save(directory, _state_record(prepared, server, server.status, last_exit=server.last_exit, **extra))
+        if on_event and not (server is not None and server.status == "failed"):
+            on_event(message)  # the final death is raised as the one-line error instead
 
     def terminate(signum: int, frame: Any) -> None:
         raise _Terminate()
@@ -185,32 +199,33 @@ def run(
     server = prepared.make_process(on_progress=progress, on_event=event)
     state.save(directory, _state_record(prepared, server, "starting"))
     try:
-        server.start()
+        try:
+            server.start()
+        except ServerError as exc:
+            state.append_line(directory / "events.log", f"{time.strftime('%Y-%m-%d %H:%M:%S')} {server.name} failed to start: {exc}")
+            state.save(directory, _state_record(prepared, server, "failed", error=str(exc)))
+            raise
         state.save(directory, _state_record(prepared, server, "ready"))
         if on_ready:
             on_ready(server)
         code = server.wait()
-        reason = server.last_exit or f"exit status {code}"
+        reason = server.last_exit or server.explain(code)
         state.save(directory, _state_record(prepared, server, "failed", error=reason))
         raise ServerDied(reason)
-    except ServerError as exc:
-        state.save(directory, _state_record(prepared, server, "failed", error=str(exc)))
-        raise
     except (KeyboardInterrupt, _Terminate):
         return 0
     finally:
         server.stop()
         signal.signal(signal.SIGTERM, previous)
-        if (directory / state.STATE).exists():
-            data = json.loads((directory / state.STATE).read_text())
-            if data.get("status") != "failed":
+        if state.read_state(directory / state.STATE).get("status") != "failed":
+            with contextlib.suppress(OSError):
                 (directory / state.STATE).unlink()
 
 
 def start_detached(prepared: Prepared) -> subprocess.Popen[bytes]:
     """Start ``pyllm _supervise DIR`` in its own session; it outlives this process."""
-    (prepared.directory / REQUEST).write_text(json.dumps(dataclasses.asdict(prepared.request), indent=2))
-    with open(prepared.directory / "supervisor.log", "ab") as out:
+    state.write_json_atomic(prepared.directory / REQUEST, dataclasses.asdict(prepared.request), mode=state.PRIVATE_FILE)
+    with state.open_private(prepared.directory / "supervisor.log", "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "pyllm_a100.cli", "_supervise", str(prepared.directory)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
@@ -222,11 +237,7 @@ def wait_detached(prepared: Prepared, proc: subprocess.Popen[bytes], on_progress
     """Follow the supervisor's state.json until ready (return it) or failed (raise)."""
     path = prepared.directory / state.STATE
     while True:
-        data: dict[str, Any] = {}
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            pass
+        data = state.read_state(path)
         status = data.get("status")
         if data.get("supervisor_pid") == proc.pid:
             if status == "ready":

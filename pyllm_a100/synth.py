@@ -569,6 +569,25 @@ def _stream_tensor(writer, chunks: Iterator[bytes], nbytes: int) -> None:
     writer.state = WriterState.WEIGHTS
 
 
+def _size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def _write_error(exc: OSError, output: Path) -> SynthError:
+    """An OSError while writing the model, as one line that says what to do (nothing is left behind)."""
+    import errno
+
+    folder = output.parent
+    if exc.errno == errno.ENOSPC:
+        return SynthError(f"the disk under {folder} filled up while writing {output.name} (nothing was left behind): free space, "
+                          "pick another folder, or cut depth with --layers")
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return SynthError(f"cannot write to {folder} ({exc.strerror}): choose an -o in a writable folder")
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+        return SynthError(f"cannot create {folder}: a part of the path is a file, not a folder ({exc.filename})")
+    return SynthError(f"writing {output} failed ({exc.strerror or exc}): nothing was left behind; check the folder and try again")
+
+
 def synthesize(
     preset_name: str,
     output: str | os.PathLike[str],
@@ -607,14 +626,19 @@ def synthesize(
     sizes = {t.name: tensor_nbytes(t, types[t.name]) for t in the_plan.tensors}
     total = sum(sizes.values())
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(output.parent).free
-    if free < total * 1.01 + (64 << 20):
-        raise SynthError(
-            f"{output.parent} has {free / 2**30:.1f} GiB free but the model needs {total / 2**30:.1f} GiB: "
-            "free space, pick another folder, or cut depth with --layers"
-        )
-    work = Path(tempfile.mkdtemp(prefix=f".{output.stem}.synth-", dir=output.parent))
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(output.parent).free
+        needed = int(total * 1.01) + (64 << 20)  # the tensors, plus the header and a margin
+        if free < needed:
+            raise SynthError(
+                f"{output.parent} has {_size(free)} free but writing the model needs {_size(needed)} "
+                f"({_size(total)} of tensors plus a 1 % + 64 MiB margin): free space, pick another folder, or cut depth with --layers"
+            )
+        work = Path(tempfile.mkdtemp(prefix=f".{output.stem}.synth-", dir=output.parent))
+    except OSError as exc:
+        raise _write_error(exc, output) from exc
+    final: list[Path] = []
     started = time.monotonic()
     try:
         writer = gguf.GGUFWriter(work / output.name, the_plan.arch, split_max_size=max_size)
@@ -655,11 +679,14 @@ def synthesize(
                 progress(done, total)
         writer.close()
         written = sorted(work.iterdir())
-        final = []
         for f in written:
             target = output.parent / f.name
             os.replace(f, target)
             final.append(target)
+    except OSError as exc:
+        for f in final:  # never leave part of a shard set behind
+            f.unlink(missing_ok=True)
+        raise _write_error(exc, output) from exc
     finally:
         shutil.rmtree(work, ignore_errors=True)
     seconds = time.monotonic() - started

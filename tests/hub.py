@@ -27,6 +27,7 @@ class HubFile:
     listed_size: int | None = None  # what the listing claims (defaults to len(data))
     corrupt: bool = False  # serve altered bytes (the listing keeps the true sha256)
     cut_after: int | None = None  # close the connection after this many bytes, once
+    cut_always: bool = False  # ...on every request that reaches that byte, not once
     slow: float = 0.0  # seconds of pause per MiB sent (to interrupt a download mid-way)
 
     @property
@@ -64,7 +65,14 @@ class FakeHub:
             def do_GET(self) -> None:
                 hub.handle(self, head=False)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address) -> None:  # clients that hang up mid-file are the point
+                import sys
+
+                if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+                    super().handle_error(request, client_address)
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -172,10 +180,11 @@ class FakeHub:
         for k, v in headers.items():
             h.send_header(k, str(v))
         h.end_headers()
-        if f.cut_after is not None and start < f.cut_after:
-            h.wfile.write(body[: f.cut_after - start])
+        if f.cut_after is not None and (start < f.cut_after or f.cut_always):
+            h.wfile.write(body[: max(0, f.cut_after - start)])
             h.wfile.flush()
-            f.cut_after = None  # one-shot
+            if not f.cut_always:
+                f.cut_after = None  # one-shot
             h.close_connection = True
             try:
                 h.connection.shutdown(2)
