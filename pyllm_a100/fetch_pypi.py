@@ -96,7 +96,12 @@ def default_root(name: str) -> Path:
 
 
 def _pid_alive(pid: int) -> bool:
-    return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # exists but not ours to inspect: leave its files alone
+        return True
 
 
 def sweep_stale(folder: Path) -> None:
@@ -128,6 +133,9 @@ def _pip_failure(req: Requirement, output: str) -> FetchError:
         return FetchError(f"{sys.executable} has no pip: install it (python -m ensurepip) and run the same command again")
     versions = VERSIONS_RE.search(output)
     listed = [v.strip() for v in versions[1].split(",")] if versions and versions[1].strip() != "none" else []
+    if versions and listed and req.version is None:
+        return RepoNotFound(f"{req.name} has no wheel pip can use on this machine (the index lists {', '.join(listed[-8:])}): "
+                            "this command takes wheels only; check with pip download --no-deps --only-binary :all: " + req.name)
     if versions and listed:
         return RepoNotFound(
             f"{req.name} has no version {req.version} with a wheel on the package index (it has {', '.join(listed[-8:])}): "
