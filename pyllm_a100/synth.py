@@ -358,6 +358,11 @@ PRESETS: dict[str, Preset] = {
     )
 }
 
+from . import synth_recurrent  # noqa: E402  (recurrent layouts: tiny-mamba; drawn by _chunks below like every preset)
+
+PLANNERS.update(synth_recurrent.PLANNERS)
+PRESETS.update({kw["name"]: Preset(**kw) for kw in synth_recurrent.PRESETS})
+
 
 def preset(name: str) -> Preset:
     try:

