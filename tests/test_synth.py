@@ -193,3 +193,29 @@ def server_completion(server) -> dict:
     import httpx
 
     return httpx.post(server.base_url + "/completion", json={"prompt": "Hello", "n_predict": 1, "temperature": 0}, timeout=600).json()
+
+
+LONG_RUNS = ["a" * 50_000, " " * 50_000, "!" * 50_000, "é" * 50_000, "一" * 30_000, "\n" * 50_000]
+
+
+@pytest.mark.parametrize("preset", TINY_PRESETS)
+def test_a_50000_character_run_gets_a_clean_400_and_the_server_lives_on(preset: str, tiny_models: dict[str, Path], servers) -> None:
+    """The DeepSeek-V3 pre-tokenizer of the synthetic vocabulary (and of real DeepSeek GGUFs) ran through
+    std::regex, which recursed once per character: a long run of one character class overflowed the
+    stack and killed llama-server (vendor/patches/0003). Now each such prompt is tokenized and refused
+    as too long for the context, on both endpoints, and the server keeps answering."""
+    import httpx
+    from openai import BadRequestError, OpenAI
+
+    server = servers.start(tiny_models[preset], ctx_size=4096, parallel=1)
+    with httpx.Client(base_url=server.base_url, timeout=300) as http:
+        for text in LONG_RUNS:
+            reply = http.post("/completion", json={"prompt": text, "n_predict": 1})
+            assert reply.status_code == 400, (repr(text[:3]), reply.status_code, reply.text[:300])
+            assert "exceeds the available context size" in reply.json()["error"]["message"]
+        api = OpenAI(base_url=server.openai_base_url, api_key="none", max_retries=0, timeout=300)
+        with pytest.raises(BadRequestError, match="exceeds the available context size"):
+            api.chat.completions.create(model=preset, messages=[{"role": "user", "content": "a" * 50_000}], max_tokens=1)
+        assert server.proc.poll() is None and http.get("/health").status_code == 200
+        after = http.post("/completion", json={"prompt": "Hello", "n_predict": 2, "temperature": 0}).json()
+        assert after["tokens_predicted"] == 2
