@@ -160,7 +160,8 @@ class Plan:
         if init is None:
             defaults = {"matrix": reader(ne[0]), "expert": reader(ne[0]), "norm": GAIN}
             if role not in defaults:
-                raise SynthError(f"internal: {name} ({role}) needs an explicit init")
+                raise SynthError(f"internal: {name} ({role}) needs an explicit init: pass init=BIAS, SINKS, "
+                                 "POSITION_BIAS, reader(fan_in) or Init(std=..., mean=...) by the module's rule")
             init = defaults[role]
         if not isinstance(init.mean, (int, float)) and len(init.mean) != math.prod(ne):
             raise SynthError(f"internal: {name} has {math.prod(ne)} elements but {len(init.mean)} means")
