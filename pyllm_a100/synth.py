@@ -8,6 +8,45 @@ gives the same bytes. Layouts follow the pinned llama.cpp's loaders
 (``src/models/deepseek4.cpp``, ``glm-dsa.cpp``, ``llama.cpp``) and its converter
 (``conversion/deepseek.py``); values marked ``assumed`` in a preset are not from a
 public config.
+
+Weights: one rule for every preset and weight type, so activations stay in the ranges a
+trained model produces (unit-RMS inputs to every projection, each layer adding a modest
+update to the residual stream, routers whose scores are spread, not tied). Every tensor
+carries an :class:`Init`; each value is ``mean + std * z``, ``z ~ N(0, 1)`` from a stream
+of its own (seed, architecture, tensor name), and a quantized type stores the same
+distribution (block scales chosen for ``std``; quantized tensors have mean 0):
+
+- embeddings ``std = 1``: the residual stream enters the first layer at unit RMS and
+  each layer changes it by a fraction, as in the middle layers of a trained model. A deep
+  model builds that stream in its first layers (large early updates); a model of a few
+  layers has none, so its embedding carries the stream. Trained checkpoints store smaller
+  embeddings (about 0.01-0.05), but every layer reads the stream through an RMSNorm: only
+  the ratio of the carried stream to the layers' updates shapes the computation;
+- a projection that reads an activation (``reader``): ``std = 1/sqrt(fan_in)``, fan_in
+  the dimension it contracts (ggml's ``ne[0]``; MLA's ``attn_k_b`` the latent rank, as
+  the ``wkv_b`` it is split from). Routers, the output head, indexers, compressors and
+  the hyper-connection ``*_fn`` mixers are readers;
+- a projection that writes into the residual stream (``writer``: attention output,
+  FFN/shared/routed-expert down): ``std = 1/sqrt(fan_in * 2 * depth)``, depth the
+  preset's full layer count (a model cut with ``--layers`` keeps the full model's
+  per-layer weights): all layers together add about one unit to the stream. The routed
+  experts' down is further scaled by ``sqrt(experts used) / expert_weights_scale`` so
+  the weighted sum of the chosen experts has one expert's scale;
+- norm gains ``1 +- 0.1``; biases (``exp_probs_b`` router correction, LayerNorm bias)
+  ``N(0, 0.01^2)``. DeepSeek-V3's correction biases sit on a large common offset (about
+  +2 to +5), which changes no choice: only their spread across experts does, drawn
+  small beside the spread of the router scores (router logits come out near N(0, 1));
+  attention sinks ``N(0, 1)``, logits on the scale of attention scores; compressor
+  position biases ``N(0, 0.1^2)``;
+- hyper-connections (DeepSeek-V4) start at their identity point plus noise 0.1:
+  ``hc_*_base`` makes the pre-weights ``1/hc`` (the mean of the streams), the
+  post-weights 1 and the Sinkhorn comb 0.9 on its diagonal; ``hc_*_scale`` is 0.1, so
+  the token-dependent part moves them a little;
+- hash-routing tables (I32) name ``n_expert_used`` distinct experts per token.
+
+Other planners (architectures added in other modules) build a :class:`Plan` with
+:meth:`Plan.tensor` and these initializers; :func:`draw` is the one place values are
+generated.
 """
 
 from __future__ import annotations
@@ -43,8 +82,52 @@ class SynthError(PyllmError, ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Init:
+    """How a tensor's values are drawn: ``mean + std * N(0, 1)`` per element.
+
+    ``mean`` is a number or one value per element (small tensors: hyper-connection bases);
+    ``high`` makes an I32 hash-routing table of ids in ``[0, high)`` instead.
+    """
+
+    std: float = 0.0
+    mean: float | tuple[float, ...] = 0.0
+    high: int = 0
+
+
+def reader(fan_in: int) -> Init:
+    """A projection that reads an activation: unit-RMS in, unit-RMS out."""
+    return Init(std=1.0 / math.sqrt(fan_in))
+
+
+def writer(fan_in: int, depth: int, factor: float = 1.0) -> Init:
+    """A projection whose output is added to the residual stream: all ``depth`` layers together add about one unit."""
+    return Init(std=factor / math.sqrt(fan_in * 2 * depth))
+
+
+EMBEDDING = Init(std=1.0)  # the residual stream enters the first layer at unit RMS
+GAIN = Init(std=0.1, mean=1.0)  # RMSNorm / LayerNorm weights
+BIAS = Init(std=0.01)  # router correction biases, LayerNorm biases
+SINKS = Init(std=1.0)  # attention sink logits
+POSITION_BIAS = Init(std=0.1)  # compressor position biases (APE)
+
+
+def hc_base(hc: int, comb: bool = True) -> Init:
+    """Hyper-connection bases at the identity point: pre 1/hc, post 1, comb 0.9 on the diagonal (mHC's init)."""
+    pre = [-math.log(hc - 1)] * hc  # sigmoid -> 1/hc
+    if not comb:
+        return Init(std=0.1, mean=tuple(pre))
+    post = [0.0] * hc  # 2 * sigmoid -> 1
+    diagonal = math.log(9 * (hc - 1))  # softmax row -> 0.9 on the diagonal, Sinkhorn keeps it
+    mix = [diagonal if i == j else 0.0 for i in range(hc) for j in range(hc)]
+    return Init(std=0.1, mean=tuple(pre + post + mix))
+
+
+HC_SCALE = Init(std=0.01, mean=0.1)
+
+
+@dataclasses.dataclass(frozen=True)
 class TensorSpec:
-    """One tensor: GGUF name, shape in ggml order (``ne[0]`` contiguous), and its role.
+    """One tensor: GGUF name, shape in ggml order (``ne[0]`` contiguous), its role and its values.
 
     Roles: ``matrix`` (follows the weight type), ``expert`` (routed experts: MXFP4 in the
     UD-like mix), ``norm`` and ``f32`` (always F32: norms, biases, sinks, hyper-connection
@@ -54,6 +137,7 @@ class TensorSpec:
     name: str
     ne: tuple[int, ...]
     role: str
+    init: Init = Init()
 
     @property
     def n_elements(self) -> int:
@@ -70,14 +154,24 @@ class Plan:
     def add(self, key: str, value: Any, kind: str) -> None:
         self.kv.append((f"{self.arch}.{key}" if not key.startswith(("general.", "tokenizer.")) else key, value, kind))
 
-    def tensor(self, name: str, ne: tuple[int, ...], role: str = "matrix") -> None:
-        self.tensors.append(TensorSpec(name, tuple(int(n) for n in ne), role))
+    def tensor(self, name: str, ne: tuple[int, ...], role: str = "matrix", init: Init | None = None) -> None:
+        """Add a tensor; ``init`` defaults to ``reader(ne[0])`` for matrices and experts, ``GAIN`` for norms."""
+        ne = tuple(int(n) for n in ne)
+        if init is None:
+            defaults = {"matrix": reader(ne[0]), "expert": reader(ne[0]), "norm": GAIN}
+            if role not in defaults:
+                raise SynthError(f"internal: {name} ({role}) needs an explicit init: pass init=BIAS, SINKS, "
+                                 "POSITION_BIAS, reader(fan_in) or Init(std=..., mean=...) by the module's rule")
+            init = defaults[role]
+        if not isinstance(init.mean, (int, float)) and len(init.mean) != math.prod(ne):
+            raise SynthError(f"internal: {name} has {math.prod(ne)} elements but {len(init.mean)} means")
+        self.tensors.append(TensorSpec(name, ne, role, init))
 
 
 def _plan_llama(h: dict, n_layers: int) -> Plan:
     p = Plan("llama", n_layers, [], [])
     n_embd, n_head, n_head_kv, n_ff = h["n_embd"], h["n_head"], h["n_head_kv"], h["n_ff"]
-    head = n_embd // n_head
+    head, depth = n_embd // n_head, h["n_layers"]
     p.add("context_length", h["n_ctx"], "u32")
     p.add("embedding_length", n_embd, "u32")
     p.add("block_count", n_layers, "u32")
@@ -87,17 +181,17 @@ def _plan_llama(h: dict, n_layers: int) -> Plan:
     p.add("attention.layer_norm_rms_epsilon", 1e-5, "f32")
     p.add("rope.dimension_count", head, "u32")
     p.add("rope.freq_base", 10000.0, "f32")
-    p.tensor("token_embd.weight", (n_embd, h["n_vocab"]))
+    p.tensor("token_embd.weight", (n_embd, h["n_vocab"]), init=EMBEDDING)
     for i in range(n_layers):
         b = f"blk.{i}"
         p.tensor(f"{b}.attn_norm.weight", (n_embd,), "norm")
         p.tensor(f"{b}.attn_q.weight", (n_embd, n_embd))
         p.tensor(f"{b}.attn_k.weight", (n_embd, head * n_head_kv))
         p.tensor(f"{b}.attn_v.weight", (n_embd, head * n_head_kv))
-        p.tensor(f"{b}.attn_output.weight", (n_embd, n_embd))
+        p.tensor(f"{b}.attn_output.weight", (n_embd, n_embd), init=writer(n_embd, depth))
         p.tensor(f"{b}.ffn_norm.weight", (n_embd,), "norm")
         p.tensor(f"{b}.ffn_gate.weight", (n_embd, n_ff))
-        p.tensor(f"{b}.ffn_down.weight", (n_ff, n_embd))
+        p.tensor(f"{b}.ffn_down.weight", (n_ff, n_embd), init=writer(n_ff, depth))
         p.tensor(f"{b}.ffn_up.weight", (n_embd, n_ff))
     p.tensor("output_norm.weight", (n_embd,), "norm")
     p.tensor("output.weight", (n_embd, h["n_vocab"]))
@@ -120,6 +214,8 @@ def _plan_deepseek4(h: dict, n_layers: int) -> Plan:
     ratios = list(ratios)[:n_layers]
     hash_layers = min(h["hash_layers"], n_layers)
     hc_dim, hc_mix = hc * n_embd, (2 + hc) * hc
+    depth = h["n_layers"]
+    routed_down = writer(n_ff_exp, depth, math.sqrt(n_used) / h["expert_weights_scale"])
 
     p.add("context_length", h["n_ctx"], "u32")
     p.add("embedding_length", n_embd, "u32")
@@ -155,51 +251,51 @@ def _plan_deepseek4(h: dict, n_layers: int) -> Plan:
     p.add("hyper_connection.epsilon", h["hc_eps"], "f32")
     p.add("hash_layer_count", hash_layers, "u32")
 
-    p.tensor("token_embd.weight", (n_embd, n_vocab))
+    p.tensor("token_embd.weight", (n_embd, n_vocab), init=EMBEDDING)
     for i in range(n_layers):
         b = f"blk.{i}"
         p.tensor(f"{b}.attn_norm.weight", (n_embd,), "norm")
-        p.tensor(f"{b}.attn_sinks.weight", (n_head,), "f32")
+        p.tensor(f"{b}.attn_sinks.weight", (n_head,), "f32", SINKS)
         p.tensor(f"{b}.attn_q_a.weight", (n_embd, q_lora))
         p.tensor(f"{b}.attn_q_a_norm.weight", (q_lora,), "norm")
         p.tensor(f"{b}.attn_q_b.weight", (q_lora, n_head * head))
         p.tensor(f"{b}.attn_kv.weight", (n_embd, head))
         p.tensor(f"{b}.attn_kv_a_norm.weight", (head,), "norm")
         p.tensor(f"{b}.attn_output_a.weight", (n_head * head // o_groups, o_lora * o_groups))
-        p.tensor(f"{b}.attn_output_b.weight", (o_groups * o_lora, n_embd))
+        p.tensor(f"{b}.attn_output_b.weight", (o_groups * o_lora, n_embd), init=writer(o_groups * o_lora, depth))
         for part in ("attn", "ffn"):
-            p.tensor(f"{b}.hc_{part}_fn.weight", (hc_dim, hc_mix), "f32")
-            p.tensor(f"{b}.hc_{part}_base.weight", (hc_mix,), "f32")
-            p.tensor(f"{b}.hc_{part}_scale.weight", (3,), "f32")
+            p.tensor(f"{b}.hc_{part}_fn.weight", (hc_dim, hc_mix), "f32", reader(hc_dim))
+            p.tensor(f"{b}.hc_{part}_base.weight", (hc_mix,), "f32", hc_base(hc))
+            p.tensor(f"{b}.hc_{part}_scale.weight", (3,), "f32", HC_SCALE)
         ratio = ratios[i]
         if ratio:
             coff = 2 if ratio == 4 else 1
             p.tensor(f"{b}.attn_compressor_kv.weight", (n_embd, coff * head))
             p.tensor(f"{b}.attn_compressor_gate.weight", (n_embd, coff * head))
-            p.tensor(f"{b}.attn_compressor_ape.weight", (coff * head, ratio), "f32")
+            p.tensor(f"{b}.attn_compressor_ape.weight", (coff * head, ratio), "f32", POSITION_BIAS)
             p.tensor(f"{b}.attn_compressor_norm.weight", (head,), "norm")
             if ratio == 4:
                 p.tensor(f"{b}.indexer.proj.weight", (n_embd, idx_heads))
                 p.tensor(f"{b}.indexer.attn_q_b.weight", (q_lora, idx_heads * idx_dim))
                 p.tensor(f"{b}.indexer_compressor_kv.weight", (n_embd, 2 * idx_dim))
                 p.tensor(f"{b}.indexer_compressor_gate.weight", (n_embd, 2 * idx_dim))
-                p.tensor(f"{b}.indexer_compressor_ape.weight", (2 * idx_dim, ratio), "f32")
+                p.tensor(f"{b}.indexer_compressor_ape.weight", (2 * idx_dim, ratio), "f32", POSITION_BIAS)
                 p.tensor(f"{b}.indexer_compressor_norm.weight", (idx_dim,), "norm")
         p.tensor(f"{b}.ffn_gate_inp.weight", (n_embd, n_expert))
         if i < hash_layers:
-            p.tensor(f"{b}.ffn_gate_tid2eid.weight", (n_used, n_vocab), "index")
+            p.tensor(f"{b}.ffn_gate_tid2eid.weight", (n_used, n_vocab), "index", Init(high=n_expert))
         else:
-            p.tensor(f"{b}.exp_probs_b.bias", (n_expert,), "f32")
+            p.tensor(f"{b}.exp_probs_b.bias", (n_expert,), "f32", BIAS)
         p.tensor(f"{b}.ffn_norm.weight", (n_embd,), "norm")
         p.tensor(f"{b}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), "expert")
-        p.tensor(f"{b}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), "expert")
+        p.tensor(f"{b}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), "expert", routed_down)
         p.tensor(f"{b}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), "expert")
         p.tensor(f"{b}.ffn_gate_shexp.weight", (n_embd, n_ff_exp * n_shared))
-        p.tensor(f"{b}.ffn_down_shexp.weight", (n_ff_exp * n_shared, n_embd))
+        p.tensor(f"{b}.ffn_down_shexp.weight", (n_ff_exp * n_shared, n_embd), init=writer(n_ff_exp * n_shared, depth))
         p.tensor(f"{b}.ffn_up_shexp.weight", (n_embd, n_ff_exp * n_shared))
-    p.tensor("output_hc_fn.weight", (hc_dim, hc), "f32")
-    p.tensor("output_hc_base.weight", (hc,), "f32")
-    p.tensor("output_hc_scale.weight", (1,), "f32")
+    p.tensor("output_hc_fn.weight", (hc_dim, hc), "f32", reader(hc_dim))
+    p.tensor("output_hc_base.weight", (hc,), "f32", hc_base(hc, comb=False))
+    p.tensor("output_hc_scale.weight", (1,), "f32", HC_SCALE)
     p.tensor("output_norm.weight", (n_embd,), "norm")
     p.tensor("output.weight", (n_embd, n_vocab))
     return p
@@ -216,6 +312,8 @@ def _plan_glm_dsa(h: dict, n_layers: int, arch: str = "glm-dsa") -> Plan:
     n_expert, n_used, n_shared, n_ff_exp, n_ff = h["n_expert"], h["n_expert_used"], h["n_expert_shared"], h["n_ff_exp"], h["n_ff"]
     idx_heads, idx_dim = h["indexer_heads"], h["indexer_dim"]
     dense = min(h["leading_dense"], n_layers)
+    depth = h["n_layers"]
+    routed_down = writer(n_ff_exp, depth, math.sqrt(n_used) / h["expert_weights_scale"])
 
     p.add("context_length", h["n_ctx"], "u32")
     p.add("embedding_length", n_embd, "u32")
@@ -244,7 +342,7 @@ def _plan_glm_dsa(h: dict, n_layers: int, arch: str = "glm-dsa") -> Plan:
     p.add("attention.indexer.key_length", idx_dim, "u32")
     p.add("attention.indexer.top_k", h["indexer_top_k"], "u32")
 
-    p.tensor("token_embd.weight", (n_embd, n_vocab))
+    p.tensor("token_embd.weight", (n_embd, n_vocab), init=EMBEDDING)
     for i in range(n_layers):
         b = f"blk.{i}"
         p.tensor(f"{b}.attn_norm.weight", (n_embd,), "norm")
@@ -253,27 +351,27 @@ def _plan_glm_dsa(h: dict, n_layers: int, arch: str = "glm-dsa") -> Plan:
         p.tensor(f"{b}.attn_q_a.weight", (n_embd, q_lora))
         p.tensor(f"{b}.attn_q_b.weight", (q_lora, n_head * (nope + rope)))
         p.tensor(f"{b}.attn_kv_a_mqa.weight", (n_embd, kv_lora + rope))
-        p.tensor(f"{b}.attn_k_b.weight", (nope, kv_lora, n_head))
+        p.tensor(f"{b}.attn_k_b.weight", (nope, kv_lora, n_head), init=reader(kv_lora))  # a slice of wkv_b (reads the latent)
         p.tensor(f"{b}.attn_v_b.weight", (kv_lora, v_head, n_head))
-        p.tensor(f"{b}.attn_output.weight", (n_head * v_head, n_embd))
+        p.tensor(f"{b}.attn_output.weight", (n_head * v_head, n_embd), init=writer(n_head * v_head, depth))
         p.tensor(f"{b}.ffn_norm.weight", (n_embd,), "norm")
         p.tensor(f"{b}.indexer.k_norm.weight", (idx_dim,), "norm")
-        p.tensor(f"{b}.indexer.k_norm.bias", (idx_dim,), "f32")
+        p.tensor(f"{b}.indexer.k_norm.bias", (idx_dim,), "f32", BIAS)
         p.tensor(f"{b}.indexer.proj.weight", (n_embd, idx_heads))
         p.tensor(f"{b}.indexer.attn_k.weight", (n_embd, idx_dim))
         p.tensor(f"{b}.indexer.attn_q_b.weight", (q_lora, idx_heads * idx_dim))
         if i < dense:
             p.tensor(f"{b}.ffn_gate.weight", (n_embd, n_ff))
-            p.tensor(f"{b}.ffn_down.weight", (n_ff, n_embd))
+            p.tensor(f"{b}.ffn_down.weight", (n_ff, n_embd), init=writer(n_ff, depth))
             p.tensor(f"{b}.ffn_up.weight", (n_embd, n_ff))
         else:
             p.tensor(f"{b}.ffn_gate_inp.weight", (n_embd, n_expert))
-            p.tensor(f"{b}.exp_probs_b.bias", (n_expert,), "f32")
+            p.tensor(f"{b}.exp_probs_b.bias", (n_expert,), "f32", BIAS)
             p.tensor(f"{b}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert), "expert")
-            p.tensor(f"{b}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), "expert")
+            p.tensor(f"{b}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert), "expert", routed_down)
             p.tensor(f"{b}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert), "expert")
             p.tensor(f"{b}.ffn_gate_shexp.weight", (n_embd, n_ff_exp * n_shared))
-            p.tensor(f"{b}.ffn_down_shexp.weight", (n_ff_exp * n_shared, n_embd))
+            p.tensor(f"{b}.ffn_down_shexp.weight", (n_ff_exp * n_shared, n_embd), init=writer(n_ff_exp * n_shared, depth))
             p.tensor(f"{b}.ffn_up_shexp.weight", (n_embd, n_ff_exp * n_shared))
     p.tensor("output_norm.weight", (n_embd,), "norm")
     p.tensor("output.weight", (n_embd, n_vocab))
@@ -436,26 +534,24 @@ def tensor_nbytes(spec: TensorSpec, ggml_type) -> int:
     return spec.n_elements // block * size
 
 
-def _rng(seed: int, name: str) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, zlib.crc32(name.encode())])))
-
-
-def _stdev(spec: TensorSpec) -> float:
-    # Weight matrices ~ 1/sqrt(fan-in) keep activations near unit scale at any width.
-    return 1.0 / math.sqrt(spec.ne[0]) if spec.role in ("matrix", "expert") else 0.1
+def _rng(seed: int, arch: str, name: str) -> np.random.Generator:
+    # the architecture is part of the stream: presets that share a layout (glm-dsa, deepseek32) get independent weights
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, zlib.crc32(arch.encode()), zlib.crc32(name.encode())])))
 
 
 def _f16_scales(rng: np.random.Generator, n: int, base: float) -> np.ndarray:
     return (base * rng.uniform(0.5, 1.5, n)).astype(np.float16).view(np.uint8).reshape(n, 2)
 
 
-def _chunks(spec: TensorSpec, ggml_type, seed: int, n_vocab: int, n_expert: int) -> Iterator[bytes]:
-    """The tensor's bytes, in pieces of about CHUNK_BYTES, deterministic in (seed, name)."""
+def draw(spec: TensorSpec, ggml_type, seed: int, arch: str) -> Iterator[bytes]:
+    """The tensor's bytes by its :class:`Init`, in pieces of about CHUNK_BYTES, deterministic in (seed, arch, name)."""
     from gguf import GGML_QUANT_SIZES
     from gguf import GGMLQuantizationType as T
 
-    rng = _rng(seed, spec.name)
-    std = _stdev(spec)
+    rng = _rng(seed, arch, spec.name)
+    init = spec.init
+    std = np.float32(init.std)
+    means = None if isinstance(init.mean, (int, float)) else np.asarray(init.mean, dtype=np.float32)
     block, block_bytes = GGML_QUANT_SIZES[ggml_type]
     row_elems = spec.ne[0]
     rows = spec.n_elements // row_elems
@@ -466,27 +562,33 @@ def _chunks(spec: TensorSpec, ggml_type, seed: int, n_vocab: int, n_expert: int)
         n_rows = min(rows_per_chunk, rows - done)
         n = n_rows * row_elems
         if ggml_type in (T.F32, T.F16, T.BF16):
-            values = rng.standard_normal(n, dtype=np.float32) * np.float32(std)
+            values = rng.standard_normal(n, dtype=np.float32) * std
+            if means is not None:
+                values += means[done * row_elems : done * row_elems + n]
+            elif init.mean:
+                values += np.float32(init.mean)
             if ggml_type == T.F32:
-                yield (values + np.float32(1.0) if spec.role == "norm" else values).tobytes()
+                yield values.tobytes()
             elif ggml_type == T.F16:
                 yield values.astype(np.float16).tobytes()
             else:  # BF16: the top half of each float32
                 yield (values.view(np.uint32) >> 16).astype(np.uint16).tobytes()
         elif ggml_type == T.I32:
             # tid2eid: n_expert_used distinct experts per token
-            first = rng.integers(0, n_expert, size=n // row_elems, dtype=np.int64)
-            ids = (first[:, None] + np.arange(row_elems)[None, :]) % n_expert
+            first = rng.integers(0, init.high, size=n // row_elems, dtype=np.int64)
+            ids = (first[:, None] + np.arange(row_elems)[None, :]) % init.high
             yield ids.astype(np.int32).tobytes()
         else:
+            if init.mean != 0.0:
+                raise SynthError(f"internal: {spec.name} is quantized ({ggml_type.name}) but its init has a mean")
             n_blocks = n // block
             out = np.frombuffer(rng.bytes(n_blocks * block_bytes), dtype=np.uint8).reshape(n_blocks, block_bytes).copy()
             if ggml_type == T.Q8_0:  # f16 d, 32 x int8 (uniform: std ~ 74)
-                out[:, :2] = _f16_scales(rng, n_blocks, std / 74.0)
+                out[:, :2] = _f16_scales(rng, n_blocks, init.std / 74.0)
             elif ggml_type == T.Q4_0:  # f16 d, 32 x 4-bit (q - 8: std ~ 4.6)
-                out[:, :2] = _f16_scales(rng, n_blocks, std / 4.6)
+                out[:, :2] = _f16_scales(rng, n_blocks, init.std / 4.6)
             elif ggml_type == T.MXFP4:  # e8m0 scale (2^(e-128) in ggml), 32 x e2m1 (doubled: std ~ 5.2)
-                e = 128 + int(round(math.log2(std / 5.2)))
+                e = 128 + int(round(math.log2(init.std / 5.2)))
                 out[:, 0] = rng.integers(e - 1, e + 2, n_blocks, dtype=np.int64).astype(np.uint8)
             else:
                 raise SynthError(f"no random generator for {ggml_type.name}")
@@ -624,7 +726,6 @@ def synthesize(
         raise SynthError(f"{output} is a folder: give a file name ending in .gguf")
     max_size = parse_size(split_max_size)
     the_plan = plan(preset_name, layers, experts)
-    hparams = hparams_for(preset_name, experts)
     n_vocab = p.hparams["n_vocab"]
     vocab = build_vocab(n_vocab)
     types = {t.name: ggml_type_for(t, wtype) for t in the_plan.tensors}
@@ -676,9 +777,8 @@ def synthesize(
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         done = 0
-        n_expert = hparams.get("n_expert", 1)
         for t in the_plan.tensors:
-            _stream_tensor(writer, _chunks(t, types[t.name], seed, n_vocab, n_expert), sizes[t.name])
+            _stream_tensor(writer, draw(t, types[t.name], seed, the_plan.arch), sizes[t.name])
             done += sizes[t.name]
             if progress is not None:
                 progress(done, total)

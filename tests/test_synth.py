@@ -193,3 +193,117 @@ def server_completion(server) -> dict:
     import httpx
 
     return httpx.post(server.base_url + "/completion", json={"prompt": "Hello", "n_predict": 1, "temperature": 0}, timeout=600).json()
+
+
+LONG_RUNS = ["a" * 50_000, " " * 50_000, "!" * 50_000, "é" * 50_000, "一" * 30_000, "\n" * 50_000]
+
+
+@pytest.mark.parametrize("preset", TINY_PRESETS)
+def test_a_50000_character_run_gets_a_clean_400_and_the_server_lives_on(preset: str, tiny_models: dict[str, Path], servers) -> None:
+    """The DeepSeek-V3 pre-tokenizer of the synthetic vocabulary (and of real DeepSeek GGUFs) ran through
+    std::regex, which recursed once per character: a long run of one character class overflowed the
+    stack and killed llama-server (vendor/patches/0003). Now each such prompt is tokenized and refused
+    as too long for the context, on both endpoints, and the server keeps answering."""
+    import httpx
+    from openai import BadRequestError, OpenAI
+
+    server = servers.start(tiny_models[preset], ctx_size=4096, parallel=1)
+    with httpx.Client(base_url=server.base_url, timeout=300) as http:
+        for text in LONG_RUNS:
+            reply = http.post("/completion", json={"prompt": text, "n_predict": 1})
+            assert reply.status_code == 400, (repr(text[:3]), reply.status_code, reply.text[:300])
+            assert "exceeds the available context size" in reply.json()["error"]["message"]
+        api = OpenAI(base_url=server.openai_base_url, api_key="none", max_retries=0, timeout=300)
+        with pytest.raises(BadRequestError, match="exceeds the available context size"):
+            api.chat.completions.create(model=preset, messages=[{"role": "user", "content": "a" * 50_000}], max_tokens=1)
+        assert server.proc.poll() is None and http.get("/health").status_code == 200
+        after = http.post("/completion", json={"prompt": "Hello", "n_predict": 2, "temperature": 0}).json()
+        assert after["tokens_predicted"] == 2
+
+
+def _values(path: Path) -> dict:
+    from gguf.quants import dequantize
+
+    return {t.name: dequantize(t.data, t.tensor_type).astype("float64").ravel() for t in gguf.GGUFReader(path).tensors
+            if t.tensor_type.name != "I32"}
+
+
+@pytest.mark.parametrize("weight_type, tolerance", [("f32", 0.05), ("q8_0", 0.1), ("ud-q8-k-xl", 0.6)])
+def test_weights_follow_the_one_rule_in_every_type(weight_type: str, tolerance: float, tmp_path: Path) -> None:
+    """synth.py's docstring rule, read back with gguf's own dequantizer: readers 1/sqrt(fan_in), residual writers
+    also 1/sqrt(2 * depth), routed experts' down sqrt(k)/expert_weights_scale, gains near 1, small router biases,
+    hyper-connections at their identity point (pre 1/hc, post 1, comb diagonal 0.9)."""
+    import math
+
+    import numpy as np
+
+    h = synth.PRESETS["tiny-deepseek4"].hparams
+    v = _values(synth.synthesize("tiny-deepseek4", tmp_path / "m.gguf", weight_type=weight_type, seed=5).first)
+    depth, n_embd = h["n_layers"], h["n_embd"]
+
+    def close(name: str, want: float, tol: float = tolerance) -> None:
+        got = float(np.std(v[name]))
+        assert abs(got / want - 1) < tol, (name, got, want)
+
+    close("token_embd.weight", 1.0)
+    close("blk.2.attn_q_b.weight", 1 / math.sqrt(h["q_lora"]))
+    close("blk.2.ffn_gate_inp.weight", 1 / math.sqrt(n_embd))
+    close("blk.2.attn_output_b.weight", 1 / math.sqrt(h["o_groups"] * h["o_lora"] * 2 * depth))
+    close("blk.2.ffn_down_shexp.weight", 1 / math.sqrt(h["n_ff_exp"] * 2 * depth))
+    close("blk.2.ffn_down_exps.weight", math.sqrt(h["n_expert_used"]) / h["expert_weights_scale"] / math.sqrt(h["n_ff_exp"] * 2 * depth))
+    close("blk.2.hc_attn_fn.weight", 1 / math.sqrt(h["hc_mult"] * n_embd), 0.05)  # always F32
+    assert abs(v["blk.2.attn_norm.weight"].mean() - 1) < 0.02 and v["blk.2.attn_norm.weight"].std() < 0.15
+    assert np.abs(v["blk.2.exp_probs_b.bias"]).max() < 0.05
+    hc = h["hc_mult"]
+    base = v["blk.2.hc_attn_base.weight"]
+    sigmoid = 1 / (1 + np.exp(-base))
+    assert abs(sigmoid[:hc].mean() - 1 / hc) < 0.05 and abs(2 * sigmoid[hc:2 * hc].mean() - 1) < 0.1
+    comb = np.exp(base[2 * hc:].reshape(hc, hc))
+    assert (np.diag(comb / comb.sum(axis=1, keepdims=True)) > 0.8).all()
+    assert abs(v["blk.2.hc_ffn_scale.weight"].mean() - 0.1) < 0.02
+
+
+def test_cut_model_keeps_the_full_models_layers_and_same_layout_presets_differ(tmp_path: Path) -> None:
+    """Writer scales come from the preset's full depth: --layers 2 holds the same first layers as the
+    full model. GLM-DSA and DeepSeek-V3.2 share a layout but draw independent weights."""
+    full = _values(synth.synthesize("tiny-deepseek4", tmp_path / "full.gguf", seed=3).first)
+    cut = _values(synth.synthesize("tiny-deepseek4", tmp_path / "cut.gguf", layers=2, seed=3).first)
+    assert any(n.startswith("blk.1.") for n in cut) and not any(n.startswith("blk.2.") for n in cut)
+    for name in cut:
+        assert (cut[name] == full[name]).all(), name
+    glm = _values(synth.synthesize("tiny-glm-dsa", tmp_path / "glm.gguf", seed=3).first)
+    ds32 = _values(synth.synthesize("tiny-deepseek32", tmp_path / "ds32.gguf", seed=3).first)
+    assert glm.keys() == ds32.keys() and not (glm["blk.1.ffn_gate_inp.weight"] == ds32["blk.1.ffn_gate_inp.weight"]).any()
+
+
+def _activation_probe():
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("activation_rms", str(Path(__file__).resolve().parents[1] / "scripts" / "activation-rms"))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("preset", TINY_PRESETS)
+def test_activations_stay_in_the_range_of_a_trained_model(preset: str, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """The real llama.cpp on the CPU, read through an eval callback (scripts/activation-rms): a residual stream
+    near unit RMS that each layer changes by a fraction, K rows at unit RMS, logits spread like a trained
+    model's, routers that are not tied."""
+    import numpy as np
+
+    probe = _activation_probe().probe
+    tokens = [int(t) for t in np.random.default_rng(0).integers(20, 1000, 48)]
+    used = synth.PRESETS[preset].hparams.get("n_expert_used", 2)
+    result = probe(tiny_models[preset], tokens, used, True, tmp_path)
+    layers = result["layers"]
+    assert len(layers) == synth.PRESETS[preset].layers
+    for row in layers:
+        assert 0.5 < row["resid"] < 2 and row["change"] < 0.6, row  # each layer moves the stream by a fraction
+        assert 0.7 < row["k"] < 1.4, row
+    assert 0.5 < result["logits_std"] < 2
+    routed = [row for row in layers if "margin_median" in row]
+    assert (preset == "tiny-llama") == (not routed)
+    for row in routed:
+        assert 0.5 < row["router_std"] < 2 and row["margin_median"] > 0.02, row
