@@ -120,7 +120,7 @@ def make_workspace(root: Path, model: Path | None = None) -> Workspace:
         target = broken / shard.name
         if not target.exists():
             target.symlink_to(shard)
-    _unknown_arch_model(root / "future.gguf")
+    unknown_arch_model(root / "future.gguf")
     (root / "a-file").write_text("not a folder\n")
     (root / "empty").mkdir(exist_ok=True)
     two = root / "two-quants"
@@ -140,7 +140,8 @@ def make_workspace(root: Path, model: Path | None = None) -> Workspace:
     return Workspace(root, model, shards, paths, names)
 
 
-def _unknown_arch_model(path: Path) -> Path:
+def unknown_arch_model(path: Path) -> Path:
+    """A GGUF of an architecture no llama.cpp knows (one tensor; written once per path)."""
     import gguf
     import numpy as np
 

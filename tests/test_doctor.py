@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from conftest import run_pyllm
-from test_server import _unknown_arch_model
+from probe import unknown_arch_model
 
 
 def test_doctor_reports_build_and_model_with_llama_cpps_estimate(tiny_models: dict[str, Path]) -> None:
@@ -29,7 +29,7 @@ def test_doctor_text_names_mxfp4_and_fails_on_an_unknown_architecture(tmp_path: 
     ud = synthesize("tiny-deepseek4", tmp_path / "ud.gguf", weight_type="ud-q8-k-xl").first
     text = run_pyllm("doctor", str(ud))
     assert text.returncode == 0 and "MXFP4" in text.stdout and "dequantizes" in text.stdout
-    unknown = run_pyllm("doctor", str(_unknown_arch_model(tmp_path / "future.gguf")))
+    unknown = run_pyllm("doctor", str(unknown_arch_model(tmp_path / "future.gguf")))
     assert unknown.returncode == 1 and "architecture future-arch-9: unknown to this build" in unknown.stdout
 
 
