@@ -122,6 +122,9 @@ def locate(spec: str | os.PathLike[str]) -> Path:
 
 
 def _locate(text: str) -> Path:
+    if not text.strip():  # Path("") is ".": an empty argument would serve whatever lies in the current folder
+        raise ModelNotFound("the model is an empty string: give a .gguf file, shard 1 of a set, a folder holding one set, "
+                            "or a fetched name (pyllm models lists them)")
     path = Path(text).expanduser()
     if _looks_like_glob(text) and not path.exists():
         matches = [Path(p) for p in glob.glob(os.path.expanduser(text))]

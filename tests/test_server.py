@@ -276,3 +276,12 @@ def test_unreadable_model_is_reported_before_start(tmp_path: Path, tiny_deepseek
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stderr.count("\n") == 1 and "is not readable by this user" in result.stderr
+
+
+@pytest.mark.parametrize("command", [["serve", ""], ["serve", "   "], ["generate", "", "hi"], ["doctor", " "]])
+def test_an_empty_model_argument_is_refused_not_the_current_folder(command: list[str], tiny_models: dict[str, Path]) -> None:
+    """Path("") is "." : with a model in the current folder an empty argument used to serve it."""
+    folder = next(iter(tiny_models.values())).parent  # holds .gguf files
+    result = subprocess.run([str(PYLLM), *command], cwd=folder, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "the model is an empty string" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
