@@ -112,7 +112,7 @@ POSITION_BIAS = Init(std=0.1)  # compressor position biases (APE)
 
 
 def hc_base(hc: int, comb: bool = True) -> Init:
-    """Hyper-connection bases at the identity point: pre 1/hc, post 1, comb 0.9 on the diagonal (mHC's init)."""
+    """Hyper-connection bases at the identity point: pre 1/hc, post 1, comb 0.9 on the diagonal."""
     pre = [-math.log(hc - 1)] * hc  # sigmoid -> 1/hc
     if not comb:
         return Init(std=0.1, mean=tuple(pre))
