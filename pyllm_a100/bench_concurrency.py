@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from .bench import BenchError, _vocab_size
+from .bench import BenchError, _vocab_size, sse_data
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +50,33 @@ def parse_levels(text: str, *, option: str = "--concurrency") -> list[int]:
     return levels
 
 
-def parse_parallel(text: str) -> list[int | None]:
-    """``"default,16,32"`` -> ``[None, 16, 32]``: server slot counts to compare (None: llama-server picks)."""
+@dataclasses.dataclass(frozen=True)
+class Slots:
+    """How a benchmarked server serves requests at once: ``--parallel`` (None: not given) and whether
+    the slots share one KV pool (``--kv-unified``) or each gets ctx / parallel tokens (llama-server's
+    default with an explicit --parallel)."""
+
+    parallel: int | None = None
+    unified: bool = False
+
+    @property
+    def label(self) -> str:
+        return "default" if self.parallel is None else f"{self.parallel}{'u' if self.unified else ''}"
+
+    def server_args(self) -> list[str]:
+        return ["--kv-unified"] if self.unified and self.parallel is not None else []
+
+
+def parse_parallel(text: str) -> list[Slots]:
+    """``"default,16,32u"`` -> server slot settings to compare: ``default`` (pyllm serve's), ``N`` (N slots,
+    the context split between them), ``Nu`` (N slots sharing one KV pool, --kv-unified)."""
     parts = [p.strip() for p in str(text).split(",")]
-    out: list[int | None] = []
+    out: list[Slots] = []
     for p in parts:
         if not p:
             raise BenchError(f"--parallel {text!r}: give slot counts separated by commas, e.g. --parallel default,16,32")
-        value = None if p == "default" else parse_levels(p, option="--parallel")[0]
+        unified = p.endswith("u") and p != "default"
+        value = Slots() if p == "default" else Slots(parse_levels(p[:-1] if unified else p, option="--parallel")[0], unified)
         if value in out:
             raise BenchError(f"--parallel {text!r}: {p} is given twice; list each value once")
         out.append(value)
@@ -75,7 +94,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 @dataclasses.dataclass
 class LevelResult:
     concurrency: int
-    parallel: int | None  # server slots; None: not set (llama-server's own choice, 4 with a unified KV cache)
+    slots: str  # Slots.label of the server: default, N or Nu (N slots sharing one KV pool)
     requests: int  # completed
     failures: int
     generated_tokens: int
@@ -104,10 +123,8 @@ def _stream(client: httpx.Client, url: str, prompt: list[int], gen: int) -> _Don
     with client.stream("POST", url + "/completion", json=body, timeout=None) as response:
         if response.status_code != 200:
             raise BenchError(f"HTTP {response.status_code}: {response.read()[:200]!r}")
-        for line in response.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            chunk = json.loads(line[6:])
+        for data in sse_data(response):
+            chunk = json.loads(data)
             if first is None and (chunk.get("content") or not chunk.get("stop")):
                 first = time.perf_counter() - started
             if chunk.get("stop"):
@@ -126,11 +143,11 @@ def _check(client: httpx.Client, url: str) -> None:
 
 
 def measure(url: str, levels: Sequence[int], *, prompt_tokens: int = 256, gen_tokens: int = 64,
-            requests_per_stream: int = 2, parallel: int | None = None, api_key: str | None = None, seed: int = 0,
+            requests_per_stream: int = 2, slots: str = "-", api_key: str | None = None, seed: int = 0,
             on_level: Callable[[LevelResult], None] | None = None) -> list[LevelResult]:
     """Every level against one running server (a warm-up request first, not counted).
 
-    ``parallel`` is only recorded (the server at ``url`` was started with it); failed requests
+    ``slots`` is only recorded (how the server at ``url`` was started); failed requests
     are counted, not raised, so one bad level does not hide the others.
     """
     if prompt_tokens < 1 or gen_tokens < 1 or requests_per_stream < 1:
@@ -178,11 +195,11 @@ def measure(url: str, levels: Sequence[int], *, prompt_tokens: int = 256, gen_to
         generated = sum(int(d.timings.get("predicted_n", 0)) for d in done)
         ttfts = [d.ttft_s for d in done]
         row = LevelResult(
-            concurrency=n, parallel=parallel, requests=len(done), failures=len(errors), generated_tokens=generated,
+            concurrency=n, slots=slots, requests=len(done), failures=len(errors), generated_tokens=generated,
             wall_s=wall, aggregate_tps=generated / wall if wall > 0 else 0.0,
             per_stream_tps=statistics.median(float(d.timings.get("predicted_per_second", 0.0)) for d in done) if done else 0.0,
             ttft_p50_s=percentile(ttfts, 50), ttft_p99_s=percentile(ttfts, 99), first_error=errors[0] if errors else None)
-        log.info("concurrency %d (parallel %s): %.1f tok/s aggregate, %d failures", n, parallel, row.aggregate_tps, len(errors))
+        log.info("concurrency %d (slots %s): %.1f tok/s aggregate, %d failures", n, slots, row.aggregate_tps, len(errors))
         out.append(row)
         if on_level:
             on_level(row)
@@ -194,21 +211,21 @@ def slot_context(prompt_tokens: int, gen_tokens: int) -> int:
     return (prompt_tokens + gen_tokens + 64 + 255) // 256 * 256
 
 
-AUTO_SLOTS = 4  # llama-server's choice when --parallel is not given (tools/server/server.cpp: n_parallel = 4, kv_unified)
-
-
-def server_ctx(parallel: int | None, per_slot: int) -> int:
+def server_ctx(slots: Slots, per_slot: int) -> int:
     """--ctx-size giving every slot ``per_slot`` tokens: with an explicit --parallel llama-server splits the
-    context between slots; without it, 4 slots share one unified cache of the whole context."""
-    return per_slot * (parallel or AUTO_SLOTS)
+    context between the slots; a unified pool (also llama-server's own choice) is shared, so the same total."""
+    from .server import DEFAULT_PARALLEL
+    from .slots import AUTO_SLOTS
+
+    return per_slot * (slots.parallel or DEFAULT_PARALLEL or AUTO_SLOTS)
 
 
-def serve_and_measure(model: Any, levels: Sequence[int], parallels: Sequence[int | None], *, prompt_tokens: int = 256,
+def serve_and_measure(model: Any, levels: Sequence[int], variants: Sequence[Slots], *, prompt_tokens: int = 256,
                       gen_tokens: int = 64, requests_per_stream: int = 2, ctx_per_slot: int | None = None,
                       on_level: Callable[[LevelResult], None] | None = None,
-                      on_server: Callable[[int | None, list[str]], None] | None = None, **server_options: Any
+                      on_server: Callable[[str, list[str]], None] | None = None, **server_options: Any
                       ) -> list[LevelResult]:
-    """One managed server per ``--parallel`` value (None: not given), every level on each, in one run."""
+    """One managed server per slot setting, every level on each, in one run."""
     from .server import Server
 
     per_slot = ctx_per_slot or slot_context(prompt_tokens, gen_tokens)
@@ -217,22 +234,23 @@ def serve_and_measure(model: Any, levels: Sequence[int], parallels: Sequence[int
                          f"({prompt_tokens + gen_tokens}): raise it or leave it out")
     rows: list[LevelResult] = []
     ready_timeout = server_options.pop("ready_timeout", 3600)
-    for parallel in parallels:
-        with Server(model, port=0, ctx_size=server_ctx(parallel, per_slot), parallel=parallel, ready_timeout=ready_timeout,
-                    **server_options) as srv:
+    extra = list(server_options.pop("extra_args", ()))
+    for slots in variants:
+        with Server(model, port=0, ctx_size=server_ctx(slots, per_slot), parallel=slots.parallel, ready_timeout=ready_timeout,
+                    extra_args=extra + slots.server_args(), **server_options) as srv:
             if on_server:
-                on_server(parallel, list(srv.argv[1:]))
+                on_server(slots.label, list(srv.argv[1:]))
             rows += measure(srv.base_url, levels, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
-                            requests_per_stream=requests_per_stream, parallel=parallel, on_level=on_level)
+                            requests_per_stream=requests_per_stream, slots=slots.label, on_level=on_level)
     return rows
 
 
-def scaling(rows: Sequence[LevelResult]) -> dict[tuple[int | None, int], float]:
-    """Aggregate at N / aggregate at the lowest level measured for the same --parallel (1 when measured)."""
+def scaling(rows: Sequence[LevelResult]) -> dict[tuple[str, int], float]:
+    """Aggregate at N / aggregate at the lowest level measured on the same server (1 stream when measured)."""
     out = {}
-    for parallel in dict.fromkeys(r.parallel for r in rows):
-        mine = [r for r in rows if r.parallel == parallel]
+    for slots in dict.fromkeys(r.slots for r in rows):
+        mine = [r for r in rows if r.slots == slots]
         base = min(mine, key=lambda r: r.concurrency)
         for r in mine:
-            out[(parallel, r.concurrency)] = r.aggregate_tps / base.aggregate_tps if base.aggregate_tps else math.nan
+            out[(slots, r.concurrency)] = r.aggregate_tps / base.aggregate_tps if base.aggregate_tps else math.nan
     return out

@@ -443,7 +443,7 @@ def bench_cmd(
     prompt_tokens: Annotated[int, typer.Option(help="Prompt length in tokens.")] = 512,
     gen_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 128,
     concurrency: Annotated[str, typer.Option(help="Requests in flight at once; a list (1,4,8,16,32) measures each level.")] = "1",
-    parallel: Annotated[Optional[str], typer.Option(help="With MODEL: server slots, a list to compare (default,16,32); one server each.")] = None,
+    parallel: Annotated[Optional[str], typer.Option(help="With MODEL: server slots to compare, one server each: default, N (context split between slots), Nu (one shared KV pool); e.g. default,16,16u.")] = None,
     repeat: Annotated[int, typer.Option(help="Requests per client (per level with a --concurrency list).")] = 3,
     verify_cost: Annotated[Optional[str], typer.Option("--verify-cost", help="With MODEL: time one forward of k tokens vs one decode step, k = FIRST-LAST (1-16), with llama-bench.")] = None,
     depth: Annotated[int, typer.Option(help="With --verify-cost: tokens already in the context.")] = 512,
@@ -490,7 +490,7 @@ def bench_cmd(
     parallels = bench_concurrency.parse_parallel(parallel) if parallel is not None else None
     if parallels is not None and url is not None:
         raise bench.BenchError("--parallel sets the slots of a server this command starts: give a MODEL, or start the server with it")
-    if len(levels) == 1 and parallels is None:  # the single-level report
+    if len(levels) == 1 and parallels is None:  # the single-level report (the server gets one slot per client)
         if url is not None:
             result = bench.run(url, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, concurrency=levels[0], repeat=repeat, api_key=api_key)
         else:
@@ -509,19 +509,18 @@ def bench_cmd(
                                          requests_per_stream=repeat, api_key=api_key)
     else:
         rows = bench_concurrency.serve_and_measure(
-            model, levels, parallels or [None], prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, requests_per_stream=repeat,
-            ctx_per_slot=ctx_size, tensor_split=tensor_split, on_server=lambda p, argv: servers.__setitem__(str(p or "default"), argv))
+            model, levels, parallels or [bench_concurrency.Slots()], prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, requests_per_stream=repeat,
+            ctx_per_slot=ctx_size, tensor_split=tensor_split, on_server=servers.__setitem__)
     ratios = bench_concurrency.scaling(rows)
     failures = sum(r.failures for r in rows)
     if as_json:
         print(json.dumps({"prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "requests_per_stream": repeat,
-                          "servers": servers, "levels": [dict(r.as_row(), scaling=ratios[(r.parallel, r.concurrency)]) for r in rows],
+                          "servers": servers, "levels": [dict(r.as_row(), scaling=ratios[(r.slots, r.concurrency)]) for r in rows],
                           "failures": failures}, indent=2))
     else:
         _table(f"prompt {prompt_tokens} tokens, {gen_tokens} generated, {repeat} request(s) per stream",
                ["--parallel", "streams", "aggregate t/s", "x 1 stream", "per-stream t/s", "TTFT p50 s", "TTFT p99 s", "requests", "failures"],
-               [["-" if url else str(r.parallel or "default"), str(r.concurrency), f"{r.aggregate_tps:.1f}",
-                 f"{ratios[(r.parallel, r.concurrency)]:.2f}", f"{r.per_stream_tps:.1f}", f"{r.ttft_p50_s:.3f}",
+               [[r.slots, str(r.concurrency), f"{r.aggregate_tps:.1f}", f"{ratios[(r.slots, r.concurrency)]:.2f}", f"{r.per_stream_tps:.1f}", f"{r.ttft_p50_s:.3f}",
                  f"{r.ttft_p99_s:.3f}", str(r.requests), str(r.failures)] for r in rows])
     if failures:
         first = next(r.first_error for r in rows if r.first_error)
