@@ -259,7 +259,9 @@ def serving_target(models: Path, args) -> Path:
 
 
 def two_gpus(args) -> dict:
-    return {} if args.cpu else {"tensor_split": "1x2"}
+    """Server options: both GPUs, or on the CPU one thread (llama.cpp's threads spin at barriers, and this
+    machine's cores are shared: two threads slow down many times over when another process takes a core)."""
+    return {"extra_args": ["--threads", "1"]} if args.cpu else {"tensor_split": "1x2"}
 
 
 @phase("concurrency")
@@ -289,7 +291,7 @@ def verify(models: Path, args) -> dict:
 
     model = serving_target(models, args)
     ks = bs.parse_k_range(args.verify_k)
-    sides = {"cpu": {}} if args.cpu else {"1 GPU": {"env": dict(os.environ, CUDA_VISIBLE_DEVICES="0")},
+    sides = {"CPU, 1 thread": {"extra_args": ["-t", "1"]}} if args.cpu else {"1 GPU": {"env": dict(os.environ, CUDA_VISIBLE_DEVICES="0")},
                                            "2 GPUs": {"tensor_split": "1x2"}}
     out = {}
     for label, opts in sides.items():
@@ -352,8 +354,8 @@ def main() -> int:
     parser.add_argument("--concurrency-levels", default="1,4,8,16,32")
     parser.add_argument("--tuned-parallel", default="16,32,16u", help="--parallel values measured beside the default "
                         "(Nu: N slots sharing one KV pool, --kv-unified)")
-    parser.add_argument("--serving-prompt", type=int, default=256)
-    parser.add_argument("--serving-gen", type=int, default=64)
+    parser.add_argument("--serving-prompt", type=int, default=None, help="prompt tokens (default 256; 128 with --cpu)")
+    parser.add_argument("--serving-gen", type=int, default=None, help="generated tokens (default 64; 32 with --cpu)")
     parser.add_argument("--serving-repeat", type=int, default=2, help="requests per stream (concurrency), requests (speculative)")
     parser.add_argument("--spec-gen", type=int, default=128)
     parser.add_argument("--verify-k", default="1-16")
@@ -363,6 +365,8 @@ def main() -> int:
     RESULTS_NAME = args.results or ("cpu-serving-bench.json" if args.cpu else "gpu-bench.json")
     if args.cpu and args.phases == parser.get_default("phases"):
         args.phases = "concurrency,verify,speculative"
+    args.serving_prompt = args.serving_prompt or (128 if args.cpu else 256)
+    args.serving_gen = args.serving_gen or (32 if args.cpu else 64)
     phases = args.phases.split(",")
     unknown = sorted(set(phases) - set(PHASES))
     if unknown:
@@ -370,6 +374,11 @@ def main() -> int:
     OUT, LOGS = args.out, args.out / "bench-logs"
     for d in (OUT, LOGS, args.models):
         d.mkdir(parents=True, exist_ok=True)
+    earlier = OUT / RESULTS_NAME
+    if earlier.exists():  # phases run by an earlier command into the same file stay (one command per phase fits the time limit)
+        kept = json.loads(earlier.read_text())
+        RESULTS["phases"].update(kept.get("phases", {}))
+        RESULTS["models"] = kept.get("models", {})
     sys.path.insert(0, str(args.site))
     os.environ.setdefault("CUDA_CACHE_MAXSIZE", "4294967296")
     os.environ.setdefault("PYLLM_HOME", "/tmp/pyllm-home")

@@ -210,10 +210,10 @@ def projection(cost: VerifyCost, *, acceptances: Sequence[float] = (0.5, 0.7, 0.
     return rows
 
 
-def draft_ms_per_token(run: DraftRun, cost: VerifyCost, k: int) -> float:
-    """The draft's own cost per drafted token: the measured overhead per step minus the extra verify cost
-    (T_verify(k+1) - T_decode from llama-bench), over k drafted tokens; never below 0."""
+def draft_ms_per_token(overhead_ms: float, cost: VerifyCost, k: int) -> float:
+    """The draft's own cost per drafted token: a draft run's overhead per step (``DraftRun.overhead_ms``) minus
+    the extra verify cost (T_verify(k+1) - T_decode from llama-bench), over k drafted tokens; never below 0."""
     verify = cost.ms(k + 1)
     if verify is None or k < 1:
         return 0.0
-    return max(0.0, run.overhead_ms - (verify - cost.decode_ms)) / k
+    return max(0.0, overhead_ms - (verify - cost.decode_ms)) / k
