@@ -317,7 +317,7 @@ def speculative(models: Path, args) -> dict:
     if draft_preset in PRESETS:
         model = serving_target(models, args)
         draft = preset_file(models, draft_preset, layers)
-        draft_args = ["-md", str(draft), "--spec-type", "draft-dspark", "--spec-draft-n-max", str(DRAFT_N_MAX), "-ngld", "999"]
+        draft_args = ["-md", str(draft), "--spec-type", "draft-dspark", "--spec-draft-n-max", str(DRAFT_N_MAX), "-ngld", "all"]
         kind = f"synthetic DSpark draft `{draft_preset}` (random weights)"
     elif args.cpu:
         model = preset_file(models, "tiny-llama", None)

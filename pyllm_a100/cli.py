@@ -428,7 +428,8 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
     from rich import box
     from rich.table import Table
 
-    table = Table(*columns, title=title, box=box.SIMPLE, title_justify="left")
+    print(title)
+    table = Table(*columns, box=box.SIMPLE)
     for c in table.columns[1:]:
         c.justify = "right"
     for row in rows:
