@@ -142,10 +142,39 @@ def _check(client: httpx.Client, url: str) -> None:
         raise BenchError(f"{url} does not answer ({type(exc).__name__}): start a server (pyllm serve) or check --url") from exc
 
 
+def _wave(url: str, headers: dict, limits: httpx.Limits, prompts: list[list[list[int]]], gen_tokens: int
+          ) -> tuple[list[_Done], list[str], float]:
+    """One client thread per entry of ``prompts``, each sending its prompts back to back: (done, errors, wall s)."""
+    done: list[_Done] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def stream(mine: list[list[int]]) -> None:
+        with httpx.Client(headers=headers, limits=limits) as own:
+            for p in mine:
+                try:
+                    result = _stream(own, url, p, gen_tokens)
+                except Exception as exc:  # counted as a failure of this wave
+                    with lock:
+                        errors.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                with lock:
+                    done.append(result)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=stream, args=(mine,), daemon=True) for mine in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return done, errors, time.perf_counter() - started
+
+
 def measure(url: str, levels: Sequence[int], *, prompt_tokens: int = 256, gen_tokens: int = 64,
             requests_per_stream: int = 2, slots: str = "-", api_key: str | None = None, seed: int = 0,
             on_level: Callable[[LevelResult], None] | None = None) -> list[LevelResult]:
-    """Every level against one running server (a warm-up request first, not counted).
+    """Every level against one running server (warm-ups first, not counted: one request alone, then one
+    request per stream of the highest level).
 
     ``slots`` is only recorded (how the server at ``url`` was started); failed requests
     are counted, not raised, so one bad level does not hide the others.
@@ -167,31 +196,12 @@ def measure(url: str, levels: Sequence[int], *, prompt_tokens: int = 256, gen_to
 
         _stream(client, url, prompt(), min(gen_tokens, 8))  # first-use costs (JIT, allocations) stay out
     out = []
+    # Warm-up at the highest level too, not counted: batched kernels are compiled on first use (PTX JIT
+    # on GPUs newer than the build), which would otherwise land in whichever level needs them first.
+    _wave(url, headers, fresh, [[prompt()] for _ in range(max(levels))], min(gen_tokens, 8))
     for n in levels:
         prompts = [[prompt() for _ in range(requests_per_stream)] for _ in range(n)]
-        done: list[_Done] = []
-        errors: list[str] = []
-        lock = threading.Lock()
-
-        def stream(i: int) -> None:
-            with httpx.Client(headers=headers, limits=fresh) as own:
-                for p in prompts[i]:
-                    try:
-                        result = _stream(own, url, p, gen_tokens)
-                    except Exception as exc:  # counted as a failure of this level
-                        with lock:
-                            errors.append(f"{type(exc).__name__}: {exc}")
-                        continue
-                    with lock:
-                        done.append(result)
-
-        started = time.perf_counter()
-        threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - started
+        done, errors, wall = _wave(url, headers, fresh, prompts, gen_tokens)
         generated = sum(int(d.timings.get("predicted_n", 0)) for d in done)
         ttfts = [d.ttft_s for d in done]
         row = LevelResult(
