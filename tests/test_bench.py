@@ -217,3 +217,20 @@ def test_report_renders_the_serving_sections_of_a_gpu_run(tmp_path: Path) -> Non
     subprocess.run([sys.executable, str(repo / "benchmarks" / "report.py"), "--results", str(tmp_path), "--write", str(out)],
                    check=True, timeout=120)
     assert "**Draft run**: not measured: this package has no deepseek-v4-flash-dspark preset yet" in out.read_text()
+
+
+def test_default_parallel_constant_reaches_the_argv(tiny_deepseek4: Path, monkeypatch) -> None:
+    """server.DEFAULT_PARALLEL = N: pyllm serve without --parallel passes --parallel N --kv-unified; an explicit value wins."""
+    from pyllm_a100 import server
+
+    config = server.make_config(tiny_deepseek4, port=0)
+    if server.DEFAULT_PARALLEL is None:  # llama-server's own choice: no flag at all
+        assert "--parallel" not in config.to_argv("llama-server") and "--kv-unified" not in config.to_argv("llama-server")
+    monkeypatch.setattr(server, "DEFAULT_PARALLEL", 8)
+    argv = config.to_argv("llama-server")
+    assert argv[argv.index("--parallel") + 1] == "8" and "--kv-unified" in argv
+    explicit = server.make_config(tiny_deepseek4, port=0, parallel=2).to_argv("llama-server")
+    assert explicit[explicit.index("--parallel") + 1] == "2" and "--kv-unified" not in explicit and explicit.count("--parallel") == 1
+    from pyllm_a100.slots import suggest
+
+    assert suggest(1024.0, 4096, 1 << 40).slots == 8, "the slot suggestion wants DEFAULT_PARALLEL"
