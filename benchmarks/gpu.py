@@ -15,6 +15,18 @@ benchmarks/results/gpu.json) into docs/benchmarks.md.
   rpc    two rpc-workers (one per GPU) behind pyllm serve --rpc against a direct --tensor-split 1x2;
   scale  all 43 layers with --scale-experts routed experts per layer (the same weight bytes per
          token as the full model): load time, memory per GPU and speed on one GPU and on two.
+
+Serving figures (issue 17; write them to their own file: --results gpu-serving-bench.json):
+  concurrency  the real-shape model on two GPUs (--tensor-split 1x2): --concurrency-levels streams
+               at pyllm serve's default --parallel and at each --tuned-parallel value, one server each;
+  verify       llama-bench: one forward of k = 1..16 tokens at depth --depth vs one decode step,
+               on one GPU and on two;
+  speculative  the same prompts without and with the synthetic DSpark draft
+               (deepseek-v4-flash-dspark, same layers and seed): acceptance, overhead per step;
+               skipped with a note when this build of the package has no such preset.
+--cpu runs these three on this machine with tiny presets (tiny-deepseek4; the draft run uses
+tiny-deepseek4-dspark when it exists, else tiny-llama drafting for itself with draft-simple),
+so a typo cannot cost a GPU run: python3 benchmarks/gpu.py --cpu --out /tmp/cpu-serving.
 """
 
 from __future__ import annotations
@@ -36,8 +48,13 @@ OUT: Path
 LOGS: Path
 
 
+RESULTS_NAME = "gpu-bench.json"
+
+
 def save() -> None:
-    (OUT / "gpu-bench.json").write_text(json.dumps(RESULTS, indent=2, default=str))
+    tmp = OUT / (RESULTS_NAME + ".tmp")
+    tmp.write_text(json.dumps(RESULTS, indent=2, default=str))
+    tmp.replace(OUT / RESULTS_NAME)
 
 
 def gpu_memory_mib() -> list[int]:
@@ -226,8 +243,98 @@ def scale(models: Path, args) -> dict:
             "two_over_one_decode": runs["2 GPUs, seed flags"]["decode_tps"] / runs["1 GPU"]["decode_tps"]}
 
 
+def preset_file(models: Path, preset: str, layers: int | None) -> Path:
+    """A synthetic model of any preset (seed 42), written once per machine."""
+    from pyllm_a100.synth import synthesize
+
+    path = models / f"{preset}{'-' + str(layers) + 'l' if layers else ''}.gguf"
+    if not path.exists():
+        result = synthesize(preset, path, layers=layers, seed=42)
+        RESULTS.setdefault("models", {})[path.name] = {"bytes": result.bytes_written, "write_s": round(result.seconds, 1)}
+    return path
+
+
+def serving_target(models: Path, args) -> Path:
+    return preset_file(models, "tiny-deepseek4", None) if args.cpu else model_file(models, args.v4_layers, None)
+
+
+def two_gpus(args) -> dict:
+    """Server options: both GPUs, or on the CPU one thread (llama.cpp's threads spin at barriers, and this
+    machine's cores are shared: two threads slow down many times over when another process takes a core)."""
+    return {"extra_args": ["--threads", "1"]} if args.cpu else {"tensor_split": "1x2"}
+
+
+@phase("concurrency")
+def concurrency(models: Path, args) -> dict:
+    from pyllm_a100 import bench_concurrency as bc
+
+    model = serving_target(models, args)
+    levels = bc.parse_levels(args.concurrency_levels)
+    parallels = [bc.Slots(), *bc.parse_parallel(args.tuned_parallel)]
+    servers: dict[str, list[str]] = {}
+    rows = bc.serve_and_measure(
+        model, levels, parallels, prompt_tokens=args.serving_prompt, gen_tokens=args.serving_gen,
+        requests_per_stream=args.serving_repeat, ready_timeout=900, **two_gpus(args),
+        on_server=servers.__setitem__,
+        on_level=lambda r: print(f"   --parallel {r.slots}, {r.concurrency} streams: {r.aggregate_tps:.1f} tok/s "
+                                 f"aggregate, {r.per_stream_tps:.1f} per stream, TTFT p50 {r.ttft_p50_s:.3f} s "
+                                 f"p99 {r.ttft_p99_s:.3f} s, {r.failures} failures", flush=True))
+    ratios = bc.scaling(rows)
+    return {"model": model.name, "gpus": 0 if args.cpu else 2, "prompt": args.serving_prompt, "gen": args.serving_gen,
+            "requests_per_stream": args.serving_repeat, "servers": servers,
+            "levels": [dict(r.as_row(), scaling=ratios[(r.slots, r.concurrency)]) for r in rows]}
+
+
+@phase("verify")
+def verify(models: Path, args) -> dict:
+    from pyllm_a100 import bench_spec as bs
+
+    model = serving_target(models, args)
+    ks = bs.parse_k_range(args.verify_k)
+    sides = {"CPU, 1 thread": {"extra_args": ["-t", "1"]}} if args.cpu else {"1 GPU": {"env": dict(os.environ, CUDA_VISIBLE_DEVICES="0")},
+                                           "2 GPUs": {"tensor_split": "1x2"}}
+    out = {}
+    for label, opts in sides.items():
+        cost = bs.verify_cost(model, ks, depth=args.depth, repetitions=args.verify_repeat, **opts)
+        print(f"   {label}: decode step {cost.decode_ms:.3f} ms; " + ", ".join(f"k={r['k']} {r['ratio']:.2f}x" for r in cost.rows),
+              flush=True)
+        out[label] = cost.as_row()
+    return {"model": model.name, "depth": args.depth, "runs": out}
+
+
+PHASES = ("hbm", "tune", "rpc", "scale", "concurrency", "verify", "speculative")
+DRAFT_N_MAX = 7
+
+
+@phase("speculative")
+def speculative(models: Path, args) -> dict:
+    from pyllm_a100 import bench_spec as bs
+    from pyllm_a100.synth import PRESETS
+
+    target_preset = "tiny-deepseek4" if args.cpu else "deepseek-v4-flash"
+    draft_preset = f"{target_preset}-dspark"
+    layers = None if args.cpu else args.v4_layers
+    if draft_preset in PRESETS:
+        model = serving_target(models, args)
+        draft = preset_file(models, draft_preset, layers)
+        draft_args = ["-md", str(draft), "--spec-type", "draft-dspark", "--spec-draft-n-max", str(DRAFT_N_MAX), "-ngld", "all"]
+        kind = f"synthetic DSpark draft `{draft_preset}` (random weights)"
+    elif args.cpu:
+        model = preset_file(models, "tiny-llama", None)
+        draft_args = ["-md", str(model), "--spec-type", "draft-simple", "--spec-draft-n-max", str(DRAFT_N_MAX)]
+        kind = "`tiny-llama` drafting for itself (draft-simple): the plumbing check, not a real draft"
+    else:
+        return {"skipped": f"this package has no {draft_preset} preset yet (pyllm synth); merge the draft presets and rerun this phase"}
+    run = bs.draft_run(model, draft_args, prompt_tokens=args.serving_prompt, gen_tokens=args.spec_gen,
+                       requests=args.serving_repeat, log_dir=LOGS, ready_timeout=900, **two_gpus(args))
+    print(f"   acceptance {run.acceptance:.3f} ({run.accepted}/{run.drafted}), step {run.plain_step_ms:.3f} -> "
+          f"{run.draft_step_ms:.3f} ms, same text: {run.same_text}", flush=True)
+    return {"model": model.name, "draft": kind, "draft_n_max": DRAFT_N_MAX, "gpus": 0 if args.cpu else 2,
+            "prompt": args.serving_prompt, "gen": args.spec_gen, "run": run.as_row()}
+
+
 def main() -> int:
-    global OUT, LOGS
+    global OUT, LOGS, RESULTS_NAME
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--site", type=Path, default=Path("/tmp/pyllm-site"))
@@ -241,10 +348,37 @@ def main() -> int:
     parser.add_argument("--tune-gen", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2, help="ABBA rounds for the side-by-side comparisons")
+    parser.add_argument("--results", default=None, help="file name under --out (default gpu-bench.json; "
+                        "cpu-serving-bench.json with --cpu)")
+    parser.add_argument("--cpu", action="store_true", help="the serving phases on this machine with tiny presets")
+    parser.add_argument("--concurrency-levels", default="1,4,8,16,32")
+    parser.add_argument("--tuned-parallel", default="16,32,16u", help="--parallel values measured beside the default "
+                        "(Nu: N slots sharing one KV pool, --kv-unified)")
+    parser.add_argument("--serving-prompt", type=int, default=None, help="prompt tokens (default 256; 128 with --cpu)")
+    parser.add_argument("--serving-gen", type=int, default=None, help="generated tokens (default 64; 32 with --cpu)")
+    parser.add_argument("--serving-repeat", type=int, default=2, help="requests per stream (concurrency), requests (speculative)")
+    parser.add_argument("--spec-gen", type=int, default=128)
+    parser.add_argument("--verify-k", default="1-16")
+    parser.add_argument("--verify-repeat", type=int, default=5)
+    parser.add_argument("--depth", type=int, default=512, help="context depth of the verify-cost forwards")
     args = parser.parse_args()
+    RESULTS_NAME = args.results or ("cpu-serving-bench.json" if args.cpu else "gpu-bench.json")
+    if args.cpu and args.phases == parser.get_default("phases"):
+        args.phases = "concurrency,verify,speculative"
+    args.serving_prompt = args.serving_prompt or (128 if args.cpu else 256)
+    args.serving_gen = args.serving_gen or (32 if args.cpu else 64)
+    phases = args.phases.split(",")
+    unknown = sorted(set(phases) - set(PHASES))
+    if unknown:
+        parser.error(f"--phases: unknown {', '.join(unknown)}; choose from {','.join(PHASES)}")
     OUT, LOGS = args.out, args.out / "bench-logs"
     for d in (OUT, LOGS, args.models):
         d.mkdir(parents=True, exist_ok=True)
+    earlier = OUT / RESULTS_NAME
+    if earlier.exists():  # phases run by an earlier command into the same file stay (one command per phase fits the time limit)
+        kept = json.loads(earlier.read_text())
+        RESULTS["phases"].update(kept.get("phases", {}))
+        RESULTS["models"] = kept.get("models", {})
     sys.path.insert(0, str(args.site))
     os.environ.setdefault("CUDA_CACHE_MAXSIZE", "4294967296")
     os.environ.setdefault("PYLLM_HOME", "/tmp/pyllm-home")
@@ -256,8 +390,8 @@ def main() -> int:
                         "memory_bandwidth": g.memory_bandwidth} for g in visible_gpus()]
     RESULTS["bandwidth_measured"] = measured_bandwidth() if RESULTS["gpus"] else None
     RESULTS["settings"] = {k: v for k, v in vars(args).items() if k not in ("out", "site", "models")}
+    RESULTS["machine"] = {"cpus": os.cpu_count(), "arch": os.uname().machine}
     save()
-    phases = args.phases.split(",")
     if "hbm" in phases:
         hbm(args.models, args.v4_layers, args)
     if "tune" in phases:
@@ -266,6 +400,12 @@ def main() -> int:
         rpc(args.models, args.v4_layers, args)
     if "scale" in phases:
         scale(args.models, args)
+    if "concurrency" in phases:
+        concurrency(args.models, args)
+    if "verify" in phases:
+        verify(args.models, args)
+    if "speculative" in phases:
+        speculative(args.models, args)
     RESULTS["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     save()
     failed = [n for n, p in RESULTS["phases"].items() if not p["ok"]]

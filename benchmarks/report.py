@@ -4,7 +4,10 @@
     python benchmarks/report.py [--results benchmarks/results] [--write docs/benchmarks.md]
 
 Inputs: results/cpu.json from benchmarks/run.py (this machine) and results/gpu.json from
-benchmarks/gpu.py (the GPU machine; copied from its output folder). Either may be missing:
+benchmarks/gpu.py (the GPU machine; copied from its output folder); the serving figures
+(concurrency, verify cost, draft runs) from results/gpu-serving-bench.json (benchmarks/gpu.py
+--phases concurrency,verify,speculative --results gpu-serving-bench.json) and
+results/cpu-serving-bench.json (benchmarks/gpu.py --cpu, this machine). Any may be missing:
 its section then says so.
 """
 
@@ -217,15 +220,191 @@ cp OUT/gpu-bench.json benchmarks/results/gpu.json && python benchmarks/report.py
     return "".join(out)
 
 
+# --- serving: concurrency and speculative decoding (issue 17) ---------------------------------
+
+GOAL_STREAMS, GOAL_RATIO = 16, 6.0  # issue 17: aggregate at 16 streams >= 6x one stream
+PROJECTION_KS = (1, 2, 3, 4, 5, 7, 11, 15)
+
+
+def _source(name: str, d: dict) -> str:
+    if name == "GPU":
+        gpu = d["gpus"][0]
+        return (f"On the GPU machine: {len(d['gpus'])}x {gpu['name']}, this package's sm_80 build through PTX JIT "
+                f"(not A100 speeds), llama.cpp {d['build']['llama_cpp_commit']}; `benchmarks/gpu.py`, {d['started'][:16]} UTC")
+    return (f"On this CPU machine: {d.get('machine', {}).get('cpus', '?')} shared cores, tiny models; these figures test "
+            f"the harness (`benchmarks/gpu.py --cpu`, {d['started'][:16]} UTC), they say nothing about GPU serving")
+
+
+def _slots_text(label: str, argv: list[str] | None) -> str:
+    if label != "default":
+        n = label.rstrip("u")
+        return f"`--parallel {n}`" + (" `--kv-unified` (one KV pool)" if label.endswith("u") else " (context split per slot)")
+    if argv and "--parallel" in argv:
+        return f"pyllm serve's default (`--parallel {argv[argv.index('--parallel') + 1]} --kv-unified`)"
+    return "pyllm serve's default (no `--parallel`: llama-server's 4 slots, one KV pool)"
+
+
+def concurrency_part(name: str, d: dict) -> str:
+    c = d["phases"].get("concurrency")
+    if c is None:
+        return ""
+    if not c.get("ok"):
+        return f"\n{_source(name, d)}: the phase failed ({c.get('error')}).\n"
+    out = [f"""
+### {name}: {c['model']}{f", {c['gpus']} GPUs (`--tensor-split 1x{c['gpus']}`)" if c.get('gpus') else ''}
+
+{_source(name, d)}. Prompt {c['prompt']} random tokens, {c['gen']} generated, {c['requests_per_stream']} requests per
+stream back to back; every slot has {c['prompt'] + c['gen']}+ tokens of context.
+
+| slots | streams | aggregate tokens/s | x 1 stream | per-stream tokens/s | TTFT p50 s | TTFT p99 s | requests | failures |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+"""]
+    for r in c["levels"]:
+        out.append(f"| {r['slots']} | {r['concurrency']} | {r['aggregate_tps']:.1f} | {r['scaling']:.2f} | {r['per_stream_tps']:.1f} | "
+                   f"{r['ttft_p50_s']:.3f} | {r['ttft_p99_s']:.3f} | {r['requests']} | {r['failures']} |\n")
+    out.append("\nSlots: " + "; ".join(f"{label}: {_slots_text(label, argv)}" for label, argv in c["servers"].items()) + ".\n")
+    at_goal = [r for r in c["levels"] if r["concurrency"] == GOAL_STREAMS]
+    if at_goal:
+        best = max(at_goal, key=lambda r: r["aggregate_tps"])
+        verdicts = ", ".join(f"{r['slots']} {r['scaling']:.2f}x ({'met' if r['scaling'] >= GOAL_RATIO else 'not met'})" for r in at_goal)
+        out.append(f"\nAggregate at {GOAL_STREAMS} streams against one stream (goal >= {GOAL_RATIO:.0f}x): {verdicts}. "
+                   f"Highest aggregate at {GOAL_STREAMS} streams: slots `{best['slots']}`, {best['aggregate_tps']:.1f} tokens/s.\n")
+    failed = sum(r["failures"] for r in c["levels"])
+    if failed:
+        first = next(r["first_error"] for r in c["levels"] if r["first_error"])
+        out.append(f"\n{failed} request(s) failed; the first: `{first[:160]}`.\n")
+    return "".join(out)
+
+
+def _projection(cost: dict, draft_ms_per_token: float) -> list[dict]:
+    from pyllm_a100.bench_spec import VerifyCost, projection
+
+    return projection(VerifyCost(**cost), draft_ms_per_token=draft_ms_per_token)
+
+
+def speculative_part(name: str, d: dict) -> str:
+    v, sp = d["phases"].get("verify"), d["phases"].get("speculative")
+    if v is None and sp is None:
+        return ""
+    out = [f"\n### {name}\n\n{_source(name, d)}.\n"]
+    cost = None
+    if v is not None and not v.get("ok"):
+        out.append(f"\nVerify cost: the phase failed ({v.get('error')}).\n")
+    elif v is not None:
+        runs = v["runs"]
+        labels = list(runs)
+        any_run = runs[labels[0]]
+        out.append(f"""
+**Verify cost** ({v['model']}, llama-bench, median of {any_run['repetitions']} repetitions): one forward of k tokens
+appended to {v['depth']} tokens of context (`-p k -d {v['depth']}`: one `llama_decode` of k tokens) against one decode
+step (`-n 16 -d {v['depth']}`, time / 16): {'; '.join(f"{lb} {runs[lb]['decode_ms']:.3f} ms" for lb in labels)}.
+The bench's forward computes logits for its last token only; a verify step needs k of them
+(k rows of the output head more).
+
+| k | {' | '.join(f'{lb}: ms | {lb}: x decode step' for lb in labels)} |
+| --- | {' | '.join('--- | ---' for _ in labels)} |
+""")
+        for i, row in enumerate(any_run["rows"]):
+            cells = " | ".join(f"{runs[lb]['rows'][i]['ms']:.3f} | {runs[lb]['rows'][i]['ratio']:.2f}" for lb in labels)
+            out.append(f"| {row['k']} | {cells} |\n")
+        cost = runs[labels[-1]]
+        cost_label = labels[-1]
+    draft_per_token, note = 0.0, "T_draft(k) = 0 (no draft run measured: an upper bound)"
+    if sp is not None and not sp.get("ok"):
+        out.append(f"\nDraft run: the phase failed ({sp.get('error')}).\n")
+    elif sp is not None and sp.get("skipped"):
+        out.append(f"\n**Draft run**: not measured: {sp['skipped']}.\n")
+    elif sp is not None:
+        r = sp["run"]
+        if r["acceptance"] < 0.05:
+            reading = (f"Acceptance is {r['acceptance']:.3f}, i.e. about 0, as it must be: the draft's weights are random, so "
+                       "it agrees with the (random) target only by chance. This run measures the cost of the path, not a speed-up.")
+        elif "itself" in sp["draft"]:
+            reading = f"Acceptance is {r['acceptance']:.3f} because the draft is the target itself."
+        else:
+            reading = f"Acceptance {r['acceptance']:.3f}."
+        mean_k = r["drafted"] / r["steps"] if r["steps"] else 0
+        out.append(f"""
+**Draft run** ({sp['model']}, draft: {sp['draft']}, `{' '.join(a if '/' not in a else a.rsplit('/', 1)[-1] for a in r['draft_args'])}`):
+the same {r['requests']} prompts ({sp['prompt']} tokens, {sp['gen']} generated, temperature 0) served without and with the
+draft, one slot. {reading}
+
+| | without draft | with draft |
+| --- | --- | --- |
+| decode tokens/s (llama-server) | {r['plain_decode_tps']:.1f} | {r['draft_decode_tps']:.1f} |
+| ms per step | {r['plain_step_ms']:.3f} | {r['draft_step_ms']:.3f} |
+| drafted / accepted tokens | - | {r['drafted']} / {r['accepted']} (mean {mean_k:.2f} drafted per step) |
+| same text | | {'yes' if r['same_text'] else 'NO'} |
+
+Overhead per step: {r['overhead_ms']:+.3f} ms ({r['draft_step_ms'] / r['plain_step_ms']:.2f}x a plain step). Steps = generated
+tokens - accepted - 1 per request (the first token comes from the prompt).
+""")
+        if cost is not None and mean_k >= 1 and sp["model"] != v["model"]:
+            note = (f"T_draft(k) = 0 (an upper bound: the draft run served {sp['model']}, not the {v['model']} whose "
+                    "verify cost is above)")
+        elif cost is not None and mean_k >= 1:
+            from pyllm_a100.bench_spec import VerifyCost, draft_ms_per_token
+
+            k_run = round(mean_k)
+            draft_per_token = draft_ms_per_token(r["overhead_ms"], VerifyCost(**cost), k_run)
+            note = (f"T_draft(k) = k x {draft_per_token:.3f} ms: the measured overhead per step minus the extra verify cost "
+                    f"T_verify({k_run + 1}) - T_decode, over the {k_run} drafted tokens")
+    if cost is not None:
+        rows = _projection(cost, draft_per_token)
+        ks = [k for k in PROJECTION_KS if any(p["k"] == k for p in rows)]
+        out.append(f"""
+**Projection, not a measurement** ({cost_label}): the speed-up a draft with acceptance a would give, built from the
+measured costs above:
+
+    E = (1 - a^(k+1)) / (1 - a)          expected tokens per step, k drafted tokens each accepted with probability a
+    speedup = E x T_decode / (T_verify(k+1) + T_draft(k))
+
+T_decode = {cost['decode_ms']:.3f} ms, T_verify(k+1) = the measured forward of k+1 tokens, {note}.
+
+| acceptance a | {' | '.join(f'k = {k}' for k in ks)} | best k |
+| --- | {' | '.join('---' for _ in ks)} | --- |
+""")
+        for a in sorted({p["acceptance"] for p in rows}):
+            mine = [p for p in rows if p["acceptance"] == a]
+            best = max(mine, key=lambda p: p["speedup"])
+            cells = " | ".join(f"{next(p['speedup'] for p in mine if p['k'] == k):.2f}x" for k in ks)
+            out.append(f"| {a} | {cells} | {best['k']} ({best['speedup']:.2f}x) |\n")
+    return "".join(out)
+
+
+def serving_sections(gpu: dict | None, cpu: dict | None) -> str:
+    sources = [(n, d) for n, d in (("GPU", gpu), ("CPU", cpu)) if d is not None]
+    conc = "".join(concurrency_part(n, d) for n, d in sources)
+    spec = "".join(speculative_part(n, d) for n, d in sources)
+    gpu_missing = "" if gpu is not None else ("\nGPU: not measured yet (`benchmarks/gpu.py --phases concurrency,verify,speculative "
+                                              "--results gpu-serving-bench.json` on the GPU machine).\n")
+    return f"""
+## 4. Concurrency
+
+`pyllm bench MODEL --concurrency 1,4,8,16,32 --parallel default,16,32,16u`: per level N, N streams send
+streamed completions at once. Aggregate = all generated tokens / wall time; per-stream = median
+of llama-server's `predicted_per_second` over the requests (the decode speed one user sees while
+sharing the batch); TTFT = time to the first streamed content chunk (nearest-rank p50/p99). One
+server per slot setting, all in one run. pyllm serve's default `--parallel` is
+`server.DEFAULT_PARALLEL`, chosen from these figures.
+{gpu_missing}{conc or chr(10) + 'Not measured.' + chr(10)}
+## 5. Speculative decoding
+
+`pyllm bench MODEL --verify-cost 1-16` (llama-bench) and `pyllm bench MODEL --spec-args '-md DRAFT ...'`
+(llama-server's `draft_n` / `draft_n_accepted` timings, the same prompts without and with the draft).
+{gpu_missing}{spec or chr(10) + 'Not measured.' + chr(10)}"""
+
+
 def render(results: Path) -> str:
     cpu, gpu = _load(results / "cpu.json"), _load(results / "gpu.json")
+    serving_gpu, serving_cpu = _load(results / "gpu-serving-bench.json"), _load(results / "cpu-serving-bench.json")
     return f"""# Benchmarks
 
 Generated by `python benchmarks/report.py` from `benchmarks/results/*.json` (do not edit by
 hand; `benchmarks/run.py` measures the CPU side, `benchmarks/gpu.py` the GPU side).
 
 {cpu_section(cpu)}
-{gpu_section(gpu)}"""
+{gpu_section(gpu)}{serving_sections(serving_gpu, serving_cpu)}"""
 
 
 def main() -> int:

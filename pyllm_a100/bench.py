@@ -54,6 +54,24 @@ def _vocab_size(client: httpx.Client, url: str) -> int:
     return 256
 
 
+def sse_data(response: httpx.Response):
+    """The ``data:`` payloads of a server-sent event stream, split on "\n" only.
+
+    httpx's ``iter_lines`` splits like ``str.splitlines`` (also at U+0085, U+2028, \x1c ...),
+    which llama-server writes unescaped inside JSON strings when a token decodes to them:
+    random-weight models do, and the JSON of that line then arrives cut in two.
+    """
+    buffer = ""
+    for text in response.iter_text():
+        buffer += text
+        *lines, buffer = buffer.split("\n")
+        for line in lines:
+            if line.startswith("data: "):
+                yield line[6:].rstrip("\r")
+    if buffer.startswith("data: "):
+        yield buffer[6:].rstrip("\r")
+
+
 def _one(client: httpx.Client, url: str, prompt: list[int], gen: int) -> tuple[dict, float]:
     """One streamed completion: (llama-server's timings, seconds to the first token)."""
     started = time.perf_counter()
@@ -64,10 +82,8 @@ def _one(client: httpx.Client, url: str, prompt: list[int], gen: int) -> tuple[d
     with client.stream("POST", url + "/completion", json=body, timeout=None) as response:
         if response.status_code != 200:
             raise BenchError(f"{url}/completion answered HTTP {response.status_code}: {response.read()[:200]!r}")
-        for line in response.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            chunk = json.loads(line[6:])
+        for data in sse_data(response):
+            chunk = json.loads(data)
             if first is None and chunk.get("content") is not None:
                 first = time.perf_counter() - started
             if chunk.get("stop"):

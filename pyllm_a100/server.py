@@ -38,6 +38,12 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 8080
 DEFAULT_CTX = 16384
 SPLIT_MODES = ("layer", "tensor", "none")
+# Request slots when --parallel is not given. None: llama-server's own choice (4 slots sharing one KV
+# pool). A number N makes pyllm serve pass --parallel N --kv-unified: N slots sharing the pool of
+# --ctx-size tokens, so one slot can still hold a long conversation. Chosen from the measured figures
+# in docs/benchmarks.md, "Concurrency" (benchmarks/gpu.py --phases concurrency); doctor caps it by
+# the KV memory per slot (slots.suggest).
+DEFAULT_PARALLEL: int | None = None
 
 
 @dataclasses.dataclass
@@ -105,6 +111,8 @@ class ServerConfig:
             argv += ["--split-mode", self.split_mode]
         if self.parallel is not None:
             argv += ["--parallel", str(self.parallel)]
+        elif DEFAULT_PARALLEL is not None:
+            argv += ["--parallel", str(DEFAULT_PARALLEL), "--kv-unified"]
         if self.api_key_file is not None:
             argv += ["--api-key-file", str(self.api_key_file)]
         if self.rpc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import run_pyllm
 
 
@@ -56,3 +57,180 @@ def test_tune_keeps_the_defaults_unless_beaten_by_more_than_noise() -> None:
     assert winner([defaults, row("-ub 256 -b 2048", 102.0), TuneRow(Candidate("-fa off", [], []), None, "failed")]) is defaults
     faster = row("1 GPU(s)", 110.0)
     assert winner([defaults, row("-fa on", 101.0), faster]) is faster
+
+
+# --- issue 17: concurrency levels, verify cost, draft runs ----------------------------------------
+
+
+def test_concurrency_levels_on_a_running_server(servers, tiny_deepseek4: Path) -> None:
+    server = servers.start(tiny_deepseek4, parallel=4, ctx_size=4 * 256)
+    result = run_pyllm("bench", "--url", server.base_url, "--concurrency", "1,2,4", "--prompt-tokens", "32", "--gen-tokens", "8",
+                       "--repeat", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    levels = report["levels"]
+    assert [r["concurrency"] for r in levels] == [1, 2, 4] and report["failures"] == 0
+    for r in levels:
+        assert r["requests"] == 2 * r["concurrency"] and r["failures"] == 0 and r["generated_tokens"] == 8 * r["requests"]
+        assert r["aggregate_tps"] > 0 and r["per_stream_tps"] > 0 and 0 < r["ttft_p50_s"] <= r["ttft_p99_s"] < r["wall_s"]
+    assert levels[0]["scaling"] == 1.0
+    warm_ups = 1 + 4  # one request alone, then one per stream of the highest level
+    assert server.log_text().count("prompt eval time =") == warm_ups + 2 * (1 + 2 + 4), "the warm-ups plus every counted request"
+    text = run_pyllm("bench", "--url", server.base_url, "--concurrency", "1,2", "--prompt-tokens", "16", "--gen-tokens", "4",
+                     "--repeat", "1")
+    assert text.returncode == 0, text.stderr
+    assert "aggregate t/s" in text.stdout and "TTFT p99 s" in text.stdout
+    rows = [ln.split() for ln in text.stdout.splitlines() if ln.split()[:1] == ["-"]]
+    assert [r[1] for r in rows] == ["1", "2"] and rows[0][3] == "1.00"
+
+
+def test_bench_starts_one_server_per_parallel_value(tiny_deepseek4: Path) -> None:
+    result = run_pyllm("bench", str(tiny_deepseek4), "--concurrency", "1,2", "--parallel", "default,2,2u", "--prompt-tokens", "32",
+                       "--gen-tokens", "8", "--repeat", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [(r["slots"], r["concurrency"]) for r in report["levels"]] == [
+        ("default", 1), ("default", 2), ("2", 1), ("2", 2), ("2u", 1), ("2u", 2)]
+    assert all(r["failures"] == 0 and r["aggregate_tps"] > 0 for r in report["levels"])
+    argv = report["servers"]
+    assert "--parallel" not in argv["default"]
+    two, unified = argv["2"], argv["2u"]
+    assert two[two.index("--parallel") + 1] == "2" and "--kv-unified" not in two
+    assert unified[unified.index("--parallel") + 1] == "2" and "--kv-unified" in unified
+    per_slot = int(argv["default"][argv["default"].index("--ctx-size") + 1]) // 4
+    assert per_slot >= 40 and int(two[two.index("--ctx-size") + 1]) == 2 * per_slot, "every slot gets the same context"
+
+
+def test_verify_cost_gives_one_row_per_k(tiny_deepseek4: Path) -> None:
+    result = run_pyllm("bench", str(tiny_deepseek4), "--verify-cost", "1-4", "--depth", "64", "--json")
+    assert result.returncode == 0, result.stderr
+    cost = json.loads(result.stdout)
+    assert [r["k"] for r in cost["rows"]] == [1, 2, 3, 4] and cost["depth"] == 64 and cost["decode_ms"] > 0
+    assert all(r["ms"] > 0 and abs(r["ratio"] - r["ms"] / cost["decode_ms"]) < 1e-9 for r in cost["rows"])
+    assert cost["argv"][cost["argv"].index("-d") + 1] == "64" and cost["argv"][cost["argv"].index("-p") + 1] == "1,2,3,4"
+    text = run_pyllm("bench", str(tiny_deepseek4), "--verify-cost", "2,8", "--depth", "32")
+    assert text.returncode == 0, text.stderr
+    assert [ln.split()[0] for ln in text.stdout.splitlines() if ln.split()[:1] in (["2"], ["8"])] == ["2", "8"]
+
+
+def test_spec_args_read_the_draft_counts(tiny_models: dict[str, Path]) -> None:
+    """tiny-llama drafting for itself (draft-simple): llama-server's draft_n / draft_n_accepted reach the report."""
+    model = tiny_models["tiny-llama"]
+    result = run_pyllm("bench", str(model), "--spec-args", f"-md {model} --spec-type draft-simple --spec-draft-n-max 4",
+                       "--prompt-tokens", "16", "--gen-tokens", "32", "--repeat", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    run = json.loads(result.stdout)
+    assert run["drafted"] > 0 and run["accepted"] > 0 and run["acceptance"] >= 0.9, run
+    assert run["same_text"], "temperature 0: speculative decoding must not change the text"
+    assert run["steps"] == 2 * (32 - 1) - run["accepted"]
+    assert run["plain_step_ms"] > 0 and run["draft_step_ms"] > 0
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--concurrency", "0"], "--concurrency '0'"),
+    (["--concurrency", "1,,4"], "--concurrency '1,,4'"),
+    (["--concurrency", "x"], "'x' is not a whole number"),
+    (["--concurrency", "2,2"], "given twice"),
+    (["--parallel", "default,default", "--concurrency", "1,2"], "given twice"),
+    (["--parallel", "0u", "--concurrency", "1,2"], "out of range"),
+    (["--verify-cost", "5-2"], "--verify-cost 5-2"),
+    (["--verify-cost", "0-4"], "--verify-cost 0-4"),
+    (["--verify-cost", "1-4", "--spec-args", "-md x"], "one at a time"),
+    (["--spec-args", ""], "--spec-args"),
+])
+def test_bad_bench_input_is_one_line(tiny_deepseek4: Path, args: list[str], says: str) -> None:
+    result = run_pyllm("bench", str(tiny_deepseek4), *args)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and says in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
+def test_url_cannot_take_server_side_options() -> None:
+    for args, says in ((["--verify-cost", "1-4"], "give a MODEL"), (["--parallel", "4", "--concurrency", "1,2"], "--parallel")):
+        result = run_pyllm("bench", "--url", "http://127.0.0.1:9", *args)
+        assert result.returncode == 1 and result.stderr.count("\n") == 1 and says in result.stderr, result.stderr
+
+
+def test_projection_follows_the_formula() -> None:
+    from pyllm_a100.bench_spec import VerifyCost, draft_ms_per_token, expected_tokens, projection
+
+    assert expected_tokens(0.0, 7) == 1.0 and expected_tokens(1.0, 7) == 8.0 and expected_tokens(0.5, 1) == 1.5
+    cost = VerifyCost(depth=512, decode_ms=10.0, rows=[{"k": k, "ms": 10.0 + k, "ratio": (10.0 + k) / 10} for k in range(1, 5)],
+                      argv=[], repetitions=1)
+    rows = projection(cost, acceptances=(0.5,), draft_ms_per_token=0.5)
+    assert [r["k"] for r in rows] == [1, 2, 3]  # k drafted needs the k+1 forward measured
+    r3 = rows[-1]
+    assert r3["step_ms"] == 14.0 + 3 * 0.5 and abs(r3["speedup"] - expected_tokens(0.5, 3) * 10.0 / 15.5) < 1e-12
+    assert draft_ms_per_token(6.0, cost, 3) == (6.0 - (14.0 - 10.0)) / 3 and draft_ms_per_token(1.0, cost, 3) == 0.0
+
+
+def test_slot_suggestion_is_capped_by_kv_memory_per_slot() -> None:
+    from pyllm_a100.slots import kv_bytes_per_token, suggest
+
+    per_token = kv_bytes_per_token(context_bytes=2 << 30, ctx=16384)  # 2 GiB for 16k tokens: 128 KiB per token
+    roomy = suggest(per_token, 16384, 100 << 30, wanted=16)
+    assert roomy.slots == 16 and not roomy.limited_by_memory and roomy.ctx_size == 16 * 16384 and roomy.fits
+    tight = suggest(per_token, 16384, 9 << 30, wanted=16)  # 9 GiB holds four 2-GiB slots
+    assert tight.slots == 4 and tight.limited_by_memory and tight.kv_bytes == 4 * (2 << 30)
+    assert tight.serve_args() == ["--parallel", "4", "--ctx-size", str(4 * 16384)]
+    none = suggest(per_token, 16384, 1 << 30, wanted=16)
+    assert none.slots == 1 and not none.fits
+
+
+def test_sse_payloads_split_on_newlines_only() -> None:
+    """A token that decodes to U+2028 or U+0085 sits unescaped in llama-server's JSON: it must not cut the line."""
+    import httpx
+
+    from pyllm_a100.bench import sse_data
+
+    body = 'data: {"content": "a\u2028b\u0085c"}\n\ndata: {"stop": true}\n\n'.encode()
+    payloads = [json.loads(d) for d in sse_data(httpx.Response(200, content=body))]
+    assert payloads == [{"content": "a\u2028b\u0085c"}, {"stop": True}]
+    assert len(list(httpx.Response(200, content=body).iter_lines())) > 4, "httpx's own line split would cut it"
+
+
+def test_report_renders_the_serving_sections_of_a_gpu_run(tmp_path: Path) -> None:
+    """benchmarks/report.py on a GPU-shaped results file (this machine's measured CPU figures, relabelled):
+    the goal verdict, acceptance near 0 said plainly, the projection labelled with its formula, a skipped phase."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    data = json.loads((repo / "benchmarks" / "results" / "cpu-serving-bench.json").read_text())
+    data["gpus"] = [{"name": "NVIDIA H200", "compute_capability": "9.0", "memory_total": 150 << 30, "memory_bandwidth": 4.8e12}]
+    spec = data["phases"]["speculative"]
+    spec.update(model=data["phases"]["verify"]["model"], draft="synthetic DSpark draft (random weights)")
+    spec["run"].update(accepted=1, drafted=700, acceptance=1 / 700, steps=250)
+    (tmp_path / "gpu-serving-bench.json").write_text(json.dumps(data))
+    out = tmp_path / "benchmarks.md"
+    result = subprocess.run([sys.executable, str(repo / "benchmarks" / "report.py"), "--results", str(tmp_path), "--write", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    assert "### GPU: tiny-deepseek4.gguf" in text and "2x NVIDIA H200" not in text and "1x NVIDIA H200" in text
+    assert "Aggregate at 16 streams against one stream (goal >= 6x)" in text
+    assert "Acceptance is 0.001, i.e. about 0" in text and "random" in text
+    assert "**Projection, not a measurement**" in text and "E = (1 - a^(k+1)) / (1 - a)" in text
+    assert "T_draft(k) = k x" in text, "the draft run served the verify model: its overhead feeds the projection"
+    del data["phases"]["speculative"]["run"]
+    data["phases"]["speculative"]["skipped"] = "this package has no deepseek-v4-flash-dspark preset yet"
+    (tmp_path / "gpu-serving-bench.json").write_text(json.dumps(data))
+    subprocess.run([sys.executable, str(repo / "benchmarks" / "report.py"), "--results", str(tmp_path), "--write", str(out)],
+                   check=True, timeout=120)
+    assert "**Draft run**: not measured: this package has no deepseek-v4-flash-dspark preset yet" in out.read_text()
+
+
+def test_default_parallel_constant_reaches_the_argv(tiny_deepseek4: Path, monkeypatch) -> None:
+    """server.DEFAULT_PARALLEL = N: pyllm serve without --parallel passes --parallel N --kv-unified; an explicit value wins."""
+    from pyllm_a100 import server
+
+    config = server.make_config(tiny_deepseek4, port=0)
+    if server.DEFAULT_PARALLEL is None:  # llama-server's own choice: no flag at all
+        assert "--parallel" not in config.to_argv("llama-server") and "--kv-unified" not in config.to_argv("llama-server")
+    monkeypatch.setattr(server, "DEFAULT_PARALLEL", 8)
+    argv = config.to_argv("llama-server")
+    assert argv[argv.index("--parallel") + 1] == "8" and "--kv-unified" in argv
+    explicit = server.make_config(tiny_deepseek4, port=0, parallel=2).to_argv("llama-server")
+    assert explicit[explicit.index("--parallel") + 1] == "2" and "--kv-unified" not in explicit and explicit.count("--parallel") == 1
+    from pyllm_a100.slots import suggest
+
+    assert suggest(1024.0, 4096, 1 << 40).slots == 8, "the slot suggestion wants DEFAULT_PARALLEL"
