@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from .bench import sse_data
 from .server import Server
 
 log = logging.getLogger(__name__)
@@ -65,11 +66,10 @@ def _request(base_url: str, prompt: list[int], n_predict: int, stream: bool, tim
                 if reply.status_code != 200:
                     reply.read()
                     return {"ok": False, "status": reply.status_code, "error": reply.text[:200]}
-                for line in reply.iter_lines():
-                    if line.startswith("data: "):
-                        chunk = json.loads(line[6:])
-                        if chunk.get("stop"):
-                            tokens = chunk.get("tokens_predicted")
+                for data in sse_data(reply):  # not iter_lines: it splits inside JSON at U+2028 and friends
+                    chunk = json.loads(data)
+                    if chunk.get("stop"):
+                        tokens = chunk.get("tokens_predicted")
         if tokens != n_predict:
             return {"ok": False, "status": 200, "error": f"{tokens} tokens instead of {n_predict}"}
         return {"ok": True, "status": 200, "tokens": tokens}
