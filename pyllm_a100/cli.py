@@ -141,6 +141,10 @@ def serve_cmd(
     alias: Annotated[Optional[str], typer.Option(help="Model name clients use (default: the file's).")] = None,
     name: Annotated[Optional[str], typer.Option(help="Name in pyllm ps/stop/logs (default: MODEL-PORT).")] = None,
     rpc: Annotated[Optional[str], typer.Option(help="rpc-server workers HOST:PORT[,...] holding layers too (pyllm rpc-worker).")] = None,
+    draft: Annotated[Optional[str], typer.Option(
+        help="Speculative decoding: a draft GGUF (DSpark, MTP or a small model of the same vocabulary; the kind is read "
+             "from the file), or auto for the one `pyllm fetch --draft` put beside the model.")] = None,
+    draft_max: Annotated[Optional[int], typer.Option(help="Tokens drafted per step (llama-server's --spec-draft-n-max; DSpark: 7).")] = None,
     detach: Annotated[bool, typer.Option(help="Return once ready; a supervisor keeps it running.")] = False,
     restart: Annotated[Optional[int], typer.Option(help="Restarts after a crash (default: 3 detached, 0 in the foreground).")] = None,
 ) -> None:
@@ -153,7 +157,7 @@ def serve_cmd(
     request = service.ServeRequest(
         model=model, host=host, port=port, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
         tensor_split=tensor_split, split_mode=split_mode, parallel=parallel, cors_origins=cors_origins,
-        alias=alias, rpc=rpc, extra_args=list(ctx.args), restart=restart if restart is not None else (3 if detach else 0),
+        alias=alias, rpc=rpc, draft=draft, draft_max=draft_max, extra_args=list(ctx.args), restart=restart if restart is not None else (3 if detach else 0),
         name=name,
     )
     prepared = service.prepare(request, api_key=api_key)
@@ -168,6 +172,9 @@ def serve_cmd(
         f"serving {cfg.model.first.name} ({cfg.model.architecture}, {len(cfg.model.shards)} file(s), "
         f"{cfg.model.total_bytes / 2**30:.2f} GiB{gpus}{split}) as {prepared.directory.name}", highlight=False
     )
+    if cfg.draft is not None:
+        d = cfg.draft.describe()
+        err.print(f"draft: {d['path']} ({d['spec_type']}{', at most %s tokens per step' % d['n_max'] if d['n_max'] else ''})", highlight=False)
     bar, update = _progress_printer(cfg.model.name)
     if detach:
         proc = service.start_detached(prepared)
@@ -518,6 +525,8 @@ def ps_cmd(
         pid = "-" if e.failed else (d.get("server_pid") or "-")
         print(f"{e.name:<28} {str(d.get('kind', 'server')):<10} {str(d.get('status', '?')):<11} {str(d.get('url', '')):<26} "
               f"{pid:>7} {d.get('restarts', 0):>8}  {d.get('model', '')}")
+        if isinstance(d.get("draft"), dict):
+            print(f"  draft: {d['draft'].get('path')} ({d['draft'].get('spec_type')})")
         if e.failed:
             print(f"  failed: {' '.join(str(d.get('error') or 'unknown').split())}")
             print(f"  logs: pyllm logs {e.name}; remove: pyllm stop {e.name} (or pyllm ps --prune)")

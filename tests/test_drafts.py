@@ -1,0 +1,171 @@
+"""Speculative decoding: synthetic drafts, detection, refusals, and greedy tokens equal with and without a draft.
+
+The drafts have random weights, so llama-server accepts almost none of their tokens:
+these tests show the draft is loaded and used (``draft_n`` > 0) and that the target's
+verification keeps the output exact, not a speed-up (scripts/gpu-check --only drafts
+measures that on the GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import gguf
+import pytest
+
+from conftest import run_pyllm
+
+SEED = 42
+
+
+@pytest.fixture(scope="session")
+def draft_models(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The draft presets written beside their targets (seed 42, as the targets)."""
+    from pyllm_a100.synth import synthesize
+
+    root = tmp_path_factory.mktemp("drafts")
+    names = ("tiny-deepseek4-dspark", "tiny-deepseek4-mtp", "tiny-glm-dsa-mtp", "tiny-deepseek32-mtp")
+    return {name: synthesize(name, root / f"{name}.gguf", seed=SEED).first for name in names}
+
+
+def _tensor_names(path: Path) -> set[str]:
+    return {t.name for t in gguf.GGUFReader(path).tensors}
+
+
+def test_dspark_draft_has_the_layout_the_pin_loads(draft_models: dict[str, Path], tiny_models: dict[str, Path]) -> None:
+    reader = gguf.GGUFReader(draft_models["tiny-deepseek4-dspark"])
+    field = reader.fields["general.architecture"]
+    assert bytes(field.parts[field.data[0]]).decode() == "dflash"
+    names = _tensor_names(draft_models["tiny-deepseek4-dspark"])
+    assert {"markov_w1.weight", "markov_w2.weight", "conf_proj.weight", "fc.weight", "enc.output_norm.weight"} <= names
+    assert "token_embd.weight" not in names and "output.weight" not in names  # shared with the target
+    layers = reader.fields["dflash.target_layers"]
+    assert [int(layers.parts[i][0]) for i in layers.data] == [2, 3, 4]  # within the 4-layer target
+    target = gguf.GGUFReader(tiny_models["tiny-deepseek4"])
+    assert len(reader.fields["tokenizer.ggml.tokens"].data) == len(target.fields["tokenizer.ggml.tokens"].data)
+
+
+def test_mtp_draft_shares_the_targets_embedding_and_head_bytes(draft_models: dict[str, Path], tiny_models: dict[str, Path]) -> None:
+    """Same seed, same names, same architecture: the sidecar's shared tensors are the target's, byte for byte."""
+    for target, draft in (("tiny-deepseek4", "tiny-deepseek4-mtp"), ("tiny-glm-dsa", "tiny-glm-dsa-mtp")):
+        t = {x.name: x for x in gguf.GGUFReader(tiny_models[target]).tensors}
+        d = {x.name: x for x in gguf.GGUFReader(draft_models[draft]).tensors}
+        for name in ("token_embd.weight", "output.weight", "output_norm.weight"):
+            assert bytes(t[name].data.tobytes()) == bytes(d[name].data.tobytes()), (draft, name)
+        n = len([k for k in t if k.endswith(".attn_norm.weight")])
+        assert f"blk.{n}.nextn.eh_proj.weight" in d and "blk.0.attn_norm.weight" not in d
+
+
+@pytest.mark.parametrize("draft, expected", [
+    ("tiny-deepseek4-dspark", "draft-dspark"), ("tiny-deepseek4-mtp", "draft-mtp"), ("tiny-glm-dsa-mtp", "draft-mtp"),
+])
+def test_detect_reads_the_kind_from_the_gguf(draft_models: dict[str, Path], draft: str, expected: str) -> None:
+    from pyllm_a100.drafts import detect
+    from pyllm_a100.gguf_files import resolve_model
+
+    assert detect(resolve_model(draft_models[draft])) == expected
+
+
+def test_a_plain_model_is_a_simple_draft(tiny_models: dict[str, Path]) -> None:
+    from pyllm_a100.drafts import detect
+    from pyllm_a100.gguf_files import resolve_model
+
+    assert detect(resolve_model(tiny_models["tiny-llama"])) == "draft-simple"
+
+
+def test_done_when_serve_with_dspark_draft_gives_the_plain_servers_tokens(tiny_models: dict[str, Path],
+                                                                          draft_models: dict[str, Path]) -> None:
+    """`pyllm serve tiny-deepseek4.gguf --draft tiny-deepseek4-dspark.gguf` == the plain server at temperature 0."""
+    from pyllm_a100 import Server
+    from pyllm_a100.spec_check import greedy
+
+    model, draft = tiny_models["tiny-deepseek4"], draft_models["tiny-deepseek4-dspark"]
+    with Server(model, port=0, ready_timeout=300) as plain:
+        expected, _ = greedy(plain.base_url, "The quick brown fox", 24)
+    started = run_pyllm("serve", str(model), "--draft", str(draft), "--draft-max", "7", "--port", "0", "--detach",
+                        "--name", "spec", timeout=300)
+    assert started.returncode == 0, started.stderr
+    try:
+        assert "draft-dspark" in started.stderr
+        ps = run_pyllm("ps", "--json", check=True)
+        (entry,) = [e for e in json.loads(ps.stdout) if e["name"] == "spec"]
+        assert entry["draft"]["spec_type"] == "draft-dspark" and entry["draft"]["path"] == str(draft.resolve())
+        assert "draft: " in run_pyllm("ps", check=True).stdout
+        tokens, timings = greedy(entry["url"], "The quick brown fox", 24)
+    finally:
+        run_pyllm("stop", "spec", check=True)
+    assert tokens == expected
+    assert timings["draft_n"] > 0  # llama-server really drafted (and verified) tokens
+
+
+@pytest.mark.parametrize("target, draft", [
+    ("tiny-deepseek4", "tiny-deepseek4-mtp"), ("tiny-glm-dsa", "tiny-glm-dsa-mtp"),
+])
+def test_mtp_draft_keeps_greedy_tokens(tiny_models: dict[str, Path], draft_models: dict[str, Path], target: str, draft: str) -> None:
+    from pyllm_a100.spec_check import compare
+
+    result = compare(tiny_models[target], draft_models[draft], n_predict=16, ready_timeout=300)
+    assert result["spec_type"] == "draft-mtp"
+    assert result["equal"], f"tokens part at {result['first_difference']}: {result['tokens_plain']} vs {result['tokens_draft']}"
+    assert result["draft_n"] > 0
+
+
+@pytest.mark.parametrize("case", ["vocab", "missing", "not-gguf", "empty", "arch", "depth", "auto-none", "max-without-draft"])
+def test_bad_draft_is_refused_in_one_line_before_start(case: str, tiny_models: dict[str, Path], draft_models: dict[str, Path],
+                                                       tmp_path: Path, pyllm_home: Path, request: pytest.FixtureRequest) -> None:
+    from pyllm_a100.synth import synthesize
+
+    model = tiny_models["tiny-deepseek4"]
+    args = {
+        "vocab": [],  # SmolLM2's real 49152-token vocabulary beside the synthetic 1024-token one
+        "missing": ["--draft", str(tmp_path / "nope.gguf")],
+        "not-gguf": ["--draft", str(tmp_path / "text.gguf")],
+        "empty": ["--draft", ""],
+        "arch": ["--draft", str(draft_models["tiny-glm-dsa-mtp"])],
+        "depth": ["--draft", "DEEP"],
+        "auto-none": ["--draft", "auto"],
+        "max-without-draft": ["--draft-max", "7"],
+    }[case]
+    (tmp_path / "text.gguf").write_text("not a model\n")
+    if case == "vocab":
+        args = ["--draft", str(request.getfixturevalue("smollm2"))]
+    if case == "depth":  # a DSpark draft written for an 8-layer target, served beside a 4-layer one
+        args = ["--draft", str(synthesize("tiny-deepseek4-dspark", tmp_path / "deep.gguf", layers=8, seed=SEED).first)]
+    if case == "auto-none":  # a model alone in its folder
+        alone = tmp_path / "alone" / "m.gguf"
+        alone.parent.mkdir()
+        os.link(model, alone)
+        model = alone
+    result = run_pyllm("serve", str(model), "--port", "0", *args, timeout=120)
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "draft" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list((pyllm_home / "servers").glob("*")) if (pyllm_home / "servers").exists() else True
+
+
+def test_a_small_model_of_the_same_vocabulary_drafts_exactly(tiny_models: dict[str, Path]) -> None:
+    """tiny-llama shares tiny-deepseek4's synthetic tokenizer: a plain draft model (draft-simple)."""
+    from pyllm_a100.spec_check import compare
+
+    result = compare(tiny_models["tiny-deepseek4"], tiny_models["tiny-llama"], n_predict=16, draft_max=4, ready_timeout=300)
+    assert result["spec_type"] == "draft-simple"
+    assert result["equal"], f"tokens part at {result['first_difference']}"
+    assert result["draft_n"] > 0
+
+
+def test_auto_finds_the_sidecar_beside_the_model(tiny_models: dict[str, Path], draft_models: dict[str, Path], tmp_path: Path) -> None:
+    from pyllm_a100.drafts import resolve
+    from pyllm_a100.gguf_files import resolve_model
+
+    os.link(tiny_models["tiny-deepseek4"], tmp_path / "model.gguf")  # links: resolve() keeps this folder
+    os.link(draft_models["tiny-deepseek4-dspark"], tmp_path / "dspark-model.gguf")
+    draft = resolve(resolve_model(tmp_path / "model.gguf"), "auto", 5)
+    assert draft.spec_type == "draft-dspark"
+    assert draft.argv() == ["--spec-draft-model", str(tmp_path / "dspark-model.gguf"),
+                            "--spec-type", "draft-dspark", "--spec-draft-n-max", "5"]
+    os.link(draft_models["tiny-deepseek4-mtp"], tmp_path / "mtp-model.gguf")
+    with pytest.raises(ValueError, match="2 drafts beside"):
+        resolve(resolve_model(tmp_path / "model.gguf"), "auto")
