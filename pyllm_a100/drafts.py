@@ -21,10 +21,10 @@ import os
 from pathlib import Path
 
 from .errors import ModelError
+from .fetch import SIDECAR_PREFIXES, read_manifest
 from .gguf_files import ModelFiles, resolve_model
 
 AUTO = "auto"
-SIDECAR_PREFIXES = ("dspark-", "mtp-")  # hub sidecars beside the model (the converter's names)
 SPEC_TYPES = ("draft-simple", "draft-mtp", "draft-dspark", "draft-dflash")
 
 
@@ -118,8 +118,6 @@ def check(model: ModelFiles, draft: ModelFiles, spec_type: str, label: str) -> N
 
 def sidecars(model: ModelFiles) -> list[Path]:
     """Draft sidecars beside the model: named by the fetch manifest, or ``dspark-*``/``mtp-*`` GGUFs in its folder."""
-    from .fetch import read_manifest
-
     folder = model.first.parent
     found: list[Path] = []
     for root in (folder, *folder.parents[:2]):

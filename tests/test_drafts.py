@@ -169,3 +169,44 @@ def test_auto_finds_the_sidecar_beside_the_model(tiny_models: dict[str, Path], d
     os.link(draft_models["tiny-deepseek4-mtp"], tmp_path / "mtp-model.gguf")
     with pytest.raises(ValueError, match="2 drafts beside"):
         resolve(resolve_model(tmp_path / "model.gguf"), "auto")
+
+
+def test_fetch_draft_brings_the_sidecar_and_serve_auto_uses_it(tiny_models: dict[str, Path], draft_models: dict[str, Path],
+                                                               tmp_path: Path, pyllm_home: Path) -> None:
+    """Through the real huggingface_hub against the loopback hub: --draft adds the dspark-* file, the manifest pairs them."""
+    from hub import FakeHub
+
+    repo = "unsloth/Tiny-DSV4-GGUF"
+    hub = FakeHub()
+    try:
+        hub.add_repo(repo, {"F16/Tiny-DSV4-F16.gguf": tiny_models["tiny-deepseek4"].read_bytes(),
+                            "F16/dspark-Tiny-DSV4-F16.gguf": draft_models["tiny-deepseek4-dspark"].read_bytes(),
+                            "README.md": b"# tiny\n"})
+        env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_XET="1",
+                   HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", PYLLM_HOME=str(pyllm_home))
+        root = pyllm_home / "models" / "hf" / "unsloth--Tiny-DSV4-GGUF"
+        plain = run_pyllm("fetch", repo, "--include", "F16/Tiny-DSV4-F16.gguf", env=env, timeout=300)
+        assert plain.returncode == 0, plain.stderr
+        assert not (root / "F16" / "dspark-Tiny-DSV4-F16.gguf").exists()
+        refused = run_pyllm("serve", repo, "--draft", "auto", "--port", "0", env=env, timeout=120)
+        assert refused.returncode == 1 and "fetch" in refused.stderr.strip().splitlines()[-1] and "--draft" in refused.stderr
+        result = run_pyllm("fetch", repo, "--include", "F16/Tiny-DSV4-F16.gguf", "--draft", env=env, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert "--draft auto" in result.stdout
+    finally:
+        hub.close()
+    manifest = json.loads((root / ".pyllm-manifest.json").read_text())
+    assert manifest["drafts"] == [{"model": "F16/Tiny-DSV4-F16.gguf", "draft": "F16/dspark-Tiny-DSV4-F16.gguf"}]
+    listed = json.loads(run_pyllm("models", "--json", env=env, check=True).stdout)
+    assert [r["path"] for r in listed] == [str(root / "F16" / "Tiny-DSV4-F16.gguf")]  # the sidecar is not a model of its own
+    started = run_pyllm("serve", repo, "--draft", "auto", "--port", "0", "--detach", "--name", "auto", env=env, timeout=300)
+    assert started.returncode == 0, started.stderr
+    try:
+        (entry,) = json.loads(run_pyllm("ps", "--json", env=env, check=True).stdout)
+        assert entry["draft"] == {"path": str(root / "F16" / "dspark-Tiny-DSV4-F16.gguf"), "spec_type": "draft-dspark", "n_max": None}
+        from pyllm_a100.spec_check import greedy
+
+        _, timings = greedy(entry["url"], "Hello", 8)
+        assert timings["draft_n"] > 0
+    finally:
+        run_pyllm("stop", "auto", env=env, check=True)
