@@ -210,3 +210,49 @@ def test_fetch_draft_brings_the_sidecar_and_serve_auto_uses_it(tiny_models: dict
         assert timings["draft_n"] > 0
     finally:
         run_pyllm("stop", "auto", env=env, check=True)
+
+
+def _greedy_in_process(model: Path, n: int = 16, **options) -> list[int]:
+    from pyllm_a100 import Llama
+
+    llm = Llama(model, n_ctx=512, **options)
+    try:
+        tokens = llm.tokenize(b"The quick brown fox jumps over the quick brown fox jumps over the", add_bos=True)
+        out = []
+        for token in llm.generate(tokens, temp=0.0, top_k=1):
+            out.append(int(token))
+            if len(out) >= n:
+                break
+        return out
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("draft", ["small-model", "prompt-lookup"])
+def test_in_process_draft_keeps_greedy_tokens(tiny_models: dict[str, Path], draft: str, tmp_path: Path) -> None:
+    """llama-cpp-python's draft_model path: a small model of the same vocabulary (tiny-llama of another seed), or prompt lookup."""
+    from pyllm_a100.synth import synthesize
+
+    model = tiny_models["tiny-llama"]
+    expected = _greedy_in_process(model)
+    spec = str(synthesize("tiny-llama", tmp_path / "draft.gguf", seed=7).first) if draft == "small-model" else draft
+    assert _greedy_in_process(model, draft=spec, draft_max=4) == expected
+
+
+def test_in_process_draft_is_refused_for_a_cache_that_cannot_rewind(tiny_models: dict[str, Path]) -> None:
+    """DeepSeek-V4's cache cannot drop the rejected tail in place, which llama-cpp-python's speculative loop needs."""
+    from pyllm_a100 import Llama
+    from pyllm_a100.drafts import InProcessUnsupported
+
+    with pytest.raises(InProcessUnsupported, match="cannot drop rejected draft tokens"):
+        Llama(tiny_models["tiny-deepseek4"], n_ctx=512, draft="prompt-lookup")
+
+
+def test_in_process_refuses_dspark_and_mtp_drafts_in_one_line(tiny_models: dict[str, Path], draft_models: dict[str, Path]) -> None:
+    from pyllm_a100 import Llama
+    from pyllm_a100.drafts import InProcessUnsupported
+
+    for name in ("tiny-deepseek4-dspark", "tiny-deepseek4-mtp"):
+        with pytest.raises(InProcessUnsupported, match="pyllm serve MODEL --draft") as caught:
+            Llama(tiny_models["tiny-deepseek4"], draft=str(draft_models[name]))
+        assert "\n" not in str(caught.value)
