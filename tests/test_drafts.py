@@ -101,7 +101,7 @@ def test_done_when_serve_with_dspark_draft_gives_the_plain_servers_tokens(tiny_m
 
 
 @pytest.mark.parametrize("target, draft", [
-    ("tiny-deepseek4", "tiny-deepseek4-mtp"), ("tiny-glm-dsa", "tiny-glm-dsa-mtp"),
+    ("tiny-deepseek4", "tiny-deepseek4-mtp"), ("tiny-glm-dsa", "tiny-glm-dsa-mtp"), ("tiny-deepseek32", "tiny-deepseek32-mtp"),
 ])
 def test_mtp_draft_keeps_greedy_tokens(tiny_models: dict[str, Path], draft_models: dict[str, Path], target: str, draft: str) -> None:
     from pyllm_a100.spec_check import compare
@@ -110,6 +110,25 @@ def test_mtp_draft_keeps_greedy_tokens(tiny_models: dict[str, Path], draft_model
     assert result["spec_type"] == "draft-mtp"
     assert result["equal"], f"tokens part at {result['first_difference']}: {result['tokens_plain']} vs {result['tokens_draft']}"
     assert result["draft_n"] > 0
+
+
+def test_concurrent_requests_with_a_dspark_draft_all_get_the_plain_tokens(servers, tiny_models: dict[str, Path],
+                                                                         draft_models: dict[str, Path]) -> None:
+    """Four clients at once on two slots: each slot drafts for its own sequence; every answer is the plain one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pyllm_a100.spec_check import greedy
+
+    model = tiny_models["tiny-deepseek4"]
+    prompts = ["The quick brown fox", "Hello, world!", "def add(a, b):", "你好，世界"]
+    plain = servers.start(model, parallel=2)
+    expected = [greedy(plain.base_url, p, 16)[0] for p in prompts]
+    plain.stop()
+    drafted = servers.start(model, parallel=2, draft=str(draft_models["tiny-deepseek4-dspark"]), draft_max=7)
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda p: greedy(drafted.base_url, p, 16), prompts))
+    assert [tokens for tokens, _ in answers] == expected
+    assert all(timings["draft_n"] > 0 for _, timings in answers)
 
 
 @pytest.mark.parametrize("case", ["vocab", "missing", "not-gguf", "empty", "arch", "depth", "auto-none", "max-without-draft"])
