@@ -209,11 +209,16 @@ def generate_cmd(
     tensor_split: Annotated[Optional[str], typer.Option(help="1x8, 3,1, 2x2,1x4.")] = None,
     n_gpu_layers: Annotated[Optional[int], typer.Option(help="Layers on GPU (default: all when a GPU is visible).")] = None,
     chat: Annotated[bool, typer.Option(help="Wrap PROMPT in the model's chat template.")] = False,
+    draft: Annotated[Optional[str], typer.Option(
+        help="Speculative decoding in-process: prompt-lookup, or a small GGUF of the same vocabulary "
+             "(DSpark/MTP drafts need pyllm serve --draft).")] = None,
+    draft_max: Annotated[Optional[int], typer.Option(help="Tokens drafted per step.")] = None,
 ) -> None:
     """Generate in-process (no server), streaming to the terminal; ends with tokens/s."""
     from .embedded import Llama
 
-    llm = Llama(model, n_ctx=ctx_size, tensor_split=tensor_split, n_gpu_layers=n_gpu_layers, verbose=False)
+    llm = Llama(model, n_ctx=ctx_size, tensor_split=tensor_split, n_gpu_layers=n_gpu_layers, verbose=False,
+                draft=draft, draft_max=draft_max)
     try:
         text = prompt
         if chat:

@@ -131,7 +131,36 @@ def test_concurrent_requests_with_a_dspark_draft_all_get_the_plain_tokens(server
     assert all(timings["draft_n"] > 0 for _, timings in answers)
 
 
-@pytest.mark.parametrize("case", ["vocab", "missing", "not-gguf", "empty", "arch", "depth", "auto-none", "max-without-draft"])
+def test_generate_refuses_a_dspark_draft_and_runs_prompt_lookup(tiny_models: dict[str, Path], draft_models: dict[str, Path]) -> None:
+    refused = run_pyllm("generate", str(tiny_models["tiny-deepseek4"]), "Hello", "--draft", str(draft_models["tiny-deepseek4-dspark"]))
+    assert refused.returncode == 1 and "pyllm serve MODEL --draft" in refused.stderr and "Traceback" not in refused.stderr
+    plain = run_pyllm("generate", str(tiny_models["tiny-llama"]), "the cat the cat the", "--temperature", "0", "--max-tokens", "12",
+                      check=True)
+    drafted = run_pyllm("generate", str(tiny_models["tiny-llama"]), "the cat the cat the", "--temperature", "0", "--max-tokens", "12",
+                        "--draft", "prompt-lookup", "--draft-max", "3", check=True)
+    assert drafted.stdout == plain.stdout
+
+
+def test_relative_draft_path_survives_detach(tiny_models: dict[str, Path], draft_models: dict[str, Path], tmp_path: Path) -> None:
+    """The detached supervisor runs from /: a relative --draft is made absolute before it starts."""
+    import shutil
+    import subprocess
+
+    from conftest import PYLLM
+
+    shutil.copy(draft_models["tiny-deepseek4-dspark"], tmp_path / "my draft.gguf")
+    result = subprocess.run([str(PYLLM), "serve", str(tiny_models["tiny-deepseek4"]), "--draft", "my draft.gguf", "--port", "0",
+                             "--detach", "--name", "rel"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    try:
+        (entry,) = json.loads(run_pyllm("ps", "--json", check=True).stdout)
+        assert entry["status"] == "ready" and entry["draft"]["path"] == str(tmp_path / "my draft.gguf")
+    finally:
+        run_pyllm("stop", "rel", check=True)
+
+
+@pytest.mark.parametrize("case", ["vocab", "missing", "not-gguf", "empty", "arch", "depth", "auto-none", "max-without-draft",
+                                  "self", "max-range"])
 def test_bad_draft_is_refused_in_one_line_before_start(case: str, tiny_models: dict[str, Path], draft_models: dict[str, Path],
                                                        tmp_path: Path, pyllm_home: Path, request: pytest.FixtureRequest) -> None:
     from pyllm_a100.synth import synthesize
@@ -146,6 +175,8 @@ def test_bad_draft_is_refused_in_one_line_before_start(case: str, tiny_models: d
         "depth": ["--draft", "DEEP"],
         "auto-none": ["--draft", "auto"],
         "max-without-draft": ["--draft-max", "7"],
+        "self": ["--draft", str(model)],  # the model itself holds no MTP block
+        "max-range": ["--draft", str(draft_models["tiny-deepseek4-dspark"]), "--draft-max", "0"],
     }[case]
     (tmp_path / "text.gguf").write_text("not a model\n")
     if case == "vocab":
