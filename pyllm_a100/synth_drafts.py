@@ -98,13 +98,15 @@ def _plan_deepseek4_mtp(h: dict, n_layers: int) -> Plan:
     return p
 
 
-def _plan_glm_dsa_mtp(h: dict, n_layers: int, arch: str = "glm-dsa") -> Plan:
-    """An ``mtp-*`` sidecar for a GLM-5 (or DeepSeek-V3.2) target of ``n_layers`` layers."""
+def _plan_glm_dsa_mtp(h: dict, n_layers: int, arch: str = "glm-dsa", inside: bool = False) -> Plan:
+    """An ``mtp-*`` sidecar for a GLM-5 (or DeepSeek-V3.2) target of ``n_layers`` layers; ``inside``: the
+    whole model with its NextN block kept (a conversion without ``--no-mtp``)."""
     from .synth import _plan_glm_dsa
 
     p = _plan_glm_dsa(h, n_layers + 1, arch=arch)
     p.add("nextn_predict_layers", 1, "u32")
-    _mtp_only(p, n_layers, ("token_embd.weight", "output.weight", "output_norm.weight"))
+    if not inside:
+        _mtp_only(p, n_layers, ("token_embd.weight", "output.weight", "output_norm.weight"))
     _nextn(p, n_layers, h["n_embd"])
     return p
 
@@ -114,6 +116,7 @@ PLANNERS = {
     "deepseek4-mtp": _plan_deepseek4_mtp,
     "glm-dsa-mtp": _plan_glm_dsa_mtp,
     "deepseek32-mtp": lambda h, n_layers: _plan_glm_dsa_mtp(h, n_layers, arch="deepseek32"),
+    "glm-dsa-nextn": lambda h, n_layers: _plan_glm_dsa_mtp(h, n_layers, inside=True),
 }
 
 _DSPARK_TINY = dict(draft_stages=1, block_size=8, markov_rank=64)
@@ -138,4 +141,8 @@ def presets() -> list[dict]:
                         description=f"MTP draft (draft-mtp, one NextN block) for {target} of the same seed",
                         hparams=t.hparams, default_type=t.default_type,
                         assumed=t.assumed + ("the NextN block has the trunk's layer layout",)))
+    t = PRESETS["tiny-glm-dsa"]
+    out.append(dict(name="tiny-glm-dsa-nextn", family="glm-dsa-nextn",
+                    description="tiny-glm-dsa with its MTP block inside (pyllm serve --draft auto: draft-mtp on its own weights)",
+                    hparams=t.hparams, default_type=t.default_type))
     return out

@@ -112,6 +112,19 @@ def test_mtp_draft_keeps_greedy_tokens(tiny_models: dict[str, Path], draft_model
     assert result["draft_n"] > 0
 
 
+def test_auto_uses_the_models_own_mtp_block(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """A GLM-5 GGUF that keeps its NextN block: --draft auto runs draft-mtp on the model's own weights (no -md)."""
+    from pyllm_a100 import Server
+    from pyllm_a100.spec_check import PROMPT, compare, greedy
+    from pyllm_a100.synth import synthesize
+
+    model = synthesize("tiny-glm-dsa-nextn", tmp_path / "glm" / "model.gguf", seed=SEED).first
+    result = compare(model, "auto", n_predict=16, ready_timeout=300)
+    assert result["spec_type"] == "draft-mtp" and result["equal"] and result["draft_n"] > 0
+    with Server(tiny_models["tiny-glm-dsa"], port=0, ready_timeout=300) as trunk:  # same seed: the same trunk weights
+        assert greedy(trunk.base_url, PROMPT, 16)[0] == result["tokens_plain"]
+
+
 def test_concurrent_requests_with_a_dspark_draft_all_get_the_plain_tokens(servers, tiny_models: dict[str, Path],
                                                                          draft_models: dict[str, Path]) -> None:
     """Four clients at once on two slots: each slot drafts for its own sequence; every answer is the plain one."""
