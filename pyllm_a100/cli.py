@@ -174,7 +174,8 @@ def serve_cmd(
     )
     if cfg.draft is not None:
         d = cfg.draft.describe()
-        err.print(f"draft: {d['path']} ({d['spec_type']}{', at most %s tokens per step' % d['n_max'] if d['n_max'] else ''})", highlight=False)
+        per_step = f", at most {d['n_max']} tokens per step" if d["n_max"] else ""
+        err.print(f"draft: {d['path']} ({d['spec_type']}{per_step})", highlight=False)
     bar, update = _progress_printer(cfg.model.name)
     if detach:
         proc = service.start_detached(prepared)
