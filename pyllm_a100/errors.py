@@ -13,7 +13,10 @@ PyllmError
 │   ├── NotAGGUF (ValueError)
 │   ├── TruncatedModel (ValueError)           cut short or corrupt
 │   ├── ModelUnreadable (PermissionError)
-│   └── UnknownArchitecture (ValueError)      the llama.cpp build is older than the model
+│   ├── UnknownArchitecture (ValueError)      the llama.cpp build is older than the model
+│   ├── drafts.DraftError (ValueError)        --draft that does not fit the model (vocabulary, architecture, depth)
+│   │   └── drafts.InProcessUnsupported       a DSpark/MTP draft (or a deepseek4 model) with in-process Llama(draft=...)
+│   └── drafts.DraftNotFound (FileNotFoundError)  --draft auto with no draft beside the model
 ├── FetchError                                pyllm fetch (also: a package with no GGUF inside)
 │   ├── RepoNotFound (FileNotFoundError)       no such repo, package or package version; a malformed name
 │   ├── AccessDenied (PermissionError)         gated / private: pass a token

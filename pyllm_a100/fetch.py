@@ -40,6 +40,7 @@ from .shards import SHARD_RE, set_members, shard_name
 from .state import home, write_json_atomic
 
 MANIFEST = ".pyllm-manifest.json"
+SIDECAR_PREFIXES = ("dspark-", "mtp-")  # speculative-decoding draft sidecars beside a model on the hub (drafts.py)
 SOURCES = ("hf", "modelscope", "pypi")  # pypi: fetch_pypi.py
 # Quantization names as they appear in GGUF repo paths (UD-Q8_K_XL, Q4_K_M, IQ2_XXS, BF16, MXFP4...).
 QUANT_RE = re.compile(r"(?:UD-)?(?:I?Q\d+(?:_[A-Z0-9]+)*|BF16|F16|F32|MXFP4(?:_MOE)?|NVFP4)", re.IGNORECASE)
@@ -184,14 +185,35 @@ def select(files: list[RemoteFile], include: Sequence[str], exclude: Sequence[st
     return chosen, warnings
 
 
+def is_sidecar(path: str) -> bool:
+    """A draft sidecar GGUF (``dspark-*``, ``mtp-*``), not a model to serve by itself."""
+    name = Path(path).name.lower()
+    return name.endswith(".gguf") and name.startswith(SIDECAR_PREFIXES)
+
+
+def with_sidecars(files: list[RemoteFile], chosen: list[RemoteFile]) -> tuple[list[RemoteFile], list[str]]:
+    """``chosen`` plus the repo's draft sidecars: those in the chosen models' folders, else those at the top."""
+    folders = {str(Path(f.path).parent) for f in chosen if not is_sidecar(f.path)}
+    sidecars = [f for f in files if is_sidecar(f.path) and str(Path(f.path).parent) in folders]
+    sidecars = sidecars or [f for f in files if is_sidecar(f.path) and "/" not in f.path]
+    if not sidecars:
+        return chosen, ["--draft: the repo has no draft sidecar (dspark-*.gguf or mtp-*.gguf) beside the selected files; "
+                        "the model may keep its MTP block inside (pyllm serve --draft auto finds it)"]
+    return chosen + [f for f in sidecars if f not in chosen], []
+
+
 def plan(repo: str, *, include: Sequence[str] = (), exclude: Sequence[str] = (), source: str = "hf",
-         revision: str | None = None, token: str | None = None) -> FetchPlan:
+         revision: str | None = None, token: str | None = None, draft: bool = False) -> FetchPlan:
+    """What to download; ``draft`` adds the speculative-decoding sidecars beside the selected model."""
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
         raise RepoNotFound(f"{repo!r} is not a repository name: use owner/name, e.g. unsloth/DeepSeek-V4-Flash-0731-GGUF")
     commit, files = list_remote(repo, source=source, revision=revision, token=token)
     chosen, warnings = select(files, include, exclude)
     if not chosen:
         raise FetchError(f"nothing in {repo} matches the patterns ({'; '.join(warnings) or 'no files'})")
+    if draft:
+        chosen, more = with_sidecars(files, chosen)
+        warnings += more
     return FetchPlan(repo, source, revision or ("main" if source == "hf" else "master"), commit, chosen, warnings)
 
 
@@ -336,7 +358,7 @@ def verify(plan: FetchPlan, root: Path, *, hashes: bool = True, progress: Callab
         if absent:
             problems.append(f"shard set {Path(first).name} lacks {', '.join(Path(p).name for p in absent)} on the hub or in the selection")
         sets.append({"first": first, "count": count, "quant": quant_of(first), "complete": not absent,
-                     "bytes": sum(f.size for f in plan.files if f.path in members)})
+                     "bytes": sum(f.size for f in plan.files if f.path in members), **({"draft": True} if is_sidecar(first) else {})})
     if problems:
         raise VerificationFailed(f"{plan.repo}: " + "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
                                  + ": run the same command again to re-download")
@@ -356,6 +378,12 @@ def write_manifest(plan: FetchPlan, root: Path, checked: dict[str, Any]) -> Path
         sets = {s["first"]: s for s in previous.get("sets", [])}
         sets.update({s["first"]: s for s in checked["sets"]})
         manifest.update(files=list(known.values()), sets=list(sets.values()))
+    # every model set with the draft sidecars fetched beside it (pyllm serve --draft auto reads these pairs)
+    models = [s["first"] for s in manifest["sets"] if not s.get("draft")]
+    drafts = [s["first"] for s in manifest["sets"] if s.get("draft")]
+    pairs = [{"model": m, "draft": d} for m in models for d in drafts if Path(d).parent in (Path(m).parent, Path("."))]
+    if pairs:
+        manifest["drafts"] = pairs
     write_json_atomic(path, manifest)
     register(plan.repo, root)
     return path
@@ -401,6 +429,8 @@ def local_models() -> list[dict[str, Any]]:
                 continue
             sizes = {f["path"]: f["size"] for f in manifest.get("files", [])}
             for s in manifest.get("sets", []):
+                if s.get("draft"):  # a sidecar is served beside its model (--draft), never alone
+                    continue
                 first = Path(root) / s["first"]
                 members = set_members(first)
                 present = all(p.exists() and p.stat().st_size == sizes.get(str(p.relative_to(root)), -1) for p in members)

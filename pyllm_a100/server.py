@@ -62,6 +62,7 @@ class ServerConfig:
     cors_origins: str | None = None  # None: the server's own origin
     alias: str | None = None
     rpc: list[Any] = dataclasses.field(default_factory=list)  # rpc.Endpoint: remote devices (rpc-server)
+    draft: Any = None  # drafts.Draft: speculative decoding (--spec-draft-model, --spec-type, --spec-draft-n-max)
     extra_args: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -117,6 +118,8 @@ class ServerConfig:
             argv += ["--api-key-file", str(self.api_key_file)]
         if self.rpc:
             argv += ["--rpc", ",".join(map(str, self.rpc))]
+        if self.draft is not None:
+            argv += self.draft.argv()
         return argv + list(self.extra_args)
 
 
@@ -143,6 +146,8 @@ def make_config(
     cors_origins: str | None = None,
     alias: str | None = None,
     rpc: str | Sequence[Any] | None = None,
+    draft: str | os.PathLike[str] | None = None,
+    draft_max: int | None = None,
     extra_args: Sequence[str] = (),
     require_api_key: bool = True,
 ) -> ServerConfig:
@@ -184,6 +189,13 @@ def make_config(
     files = model if isinstance(model, ModelFiles) else resolve_model(model)
     if split_mode == "tensor" and files.architecture == "deepseek4":
         raise ServerConfigError("--split-mode tensor does not support deepseek4 in this llama.cpp: use layer (the default)")
+    if draft_max is not None and draft is None:
+        raise ServerConfigError(f"--draft-max {draft_max} needs a draft: add --draft PATH (or --draft auto)")
+    spec = None
+    if draft is not None:
+        from .drafts import resolve as resolve_draft
+
+        spec = resolve_draft(files, draft, draft_max)
     # 3. the machine: RPC workers, devices, then the address
     if port is None or port == 0:
         port = free_port(host if is_loopback(host) else "0.0.0.0")
@@ -213,7 +225,7 @@ def make_config(
     return ServerConfig(
         model=files, host=host, port=port, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers, tensor_split=parts,
         split_mode=split_mode, parallel=parallel, api_key_file=Path(api_key_file) if api_key_file else None,
-        cors_origins=cors_origins, alias=alias, rpc=endpoints, extra_args=list(extra_args),
+        cors_origins=cors_origins, alias=alias, rpc=endpoints, draft=spec, extra_args=list(extra_args),
     )
 
 

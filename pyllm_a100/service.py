@@ -47,6 +47,8 @@ class ServeRequest:
     cors_origins: str | None = None
     alias: str | None = None
     rpc: str | None = None
+    draft: str | None = None  # a draft GGUF or "auto" (drafts.py)
+    draft_max: int | None = None
     extra_args: list[str] = dataclasses.field(default_factory=list)
     restart: int = 0
     name: str | None = None
@@ -58,8 +60,8 @@ class ServeRequest:
         return make_config(
             self.model, host=self.host, port=self.port, ctx_size=self.ctx_size, n_gpu_layers=self.n_gpu_layers,
             tensor_split=self.tensor_split, split_mode=self.split_mode, parallel=self.parallel,
-            cors_origins=self.cors_origins, alias=self.alias, rpc=self.rpc, extra_args=self.extra_args,
-            api_key_file=self.api_key_file, require_api_key=require_api_key,
+            cors_origins=self.cors_origins, alias=self.alias, rpc=self.rpc, draft=self.draft, draft_max=self.draft_max,
+            extra_args=self.extra_args, api_key_file=self.api_key_file, require_api_key=require_api_key,
         )
 
 
@@ -102,7 +104,8 @@ class Prepared:
                     "url": f"rpc://{self.config.endpoint}", "model": f"devices: {self.config.devices or 'all'}"}
         return {"kind": "server", "host": self.config.host, "port": self.config.port, "url": self.config.public_url,
                 "model": str(self.config.model.first), "served_name": self.config.served_name,
-                "api_key_file": self.request.api_key_file}
+                "api_key_file": self.request.api_key_file,
+                "draft": self.config.draft.describe() if self.config.draft is not None else None}
 
 
 def _check_restart(restart: int) -> None:
@@ -133,6 +136,8 @@ def prepare(request: ServeRequest, api_key: str | None = None) -> Prepared:
     request.extra_args = absolute_paths(request.extra_args)
     probe = request.to_config(require_api_key=False)  # a key file is written below when one is needed
     request.model = str(probe.model.first)  # resolved: a relative path, a folder, a glob or REPO:QUANT
+    if probe.draft is not None and probe.draft.files is not None:
+        request.draft = str(probe.draft.files.first)  # resolved too: a relative path, or what auto found
     directory = state.new_server_dir(request.name or f"{probe.model.name}-{probe.port}")
     generated = None
     if api_key is None and request.api_key_file is None and not is_loopback(request.host):

@@ -203,9 +203,12 @@ def deepseek4_compress_ratios(n_layers: int) -> list[int]:
     return [0 if i < 2 else (4 if i % 2 == 0 else 128) for i in range(n_layers)]
 
 
-def _plan_deepseek4(h: dict, n_layers: int) -> Plan:
-    """As llama_model_deepseek4::load_arch_tensors and DeepseekV4Model.set_gguf_parameters."""
-    p = Plan("deepseek4", n_layers, [], [])
+def _plan_deepseek4(h: dict, n_layers: int, arch: str = "deepseek4") -> Plan:
+    """As llama_model_deepseek4::load_arch_tensors and DeepseekV4Model.set_gguf_parameters.
+
+    ``arch`` names the keys' prefix: ``dflash`` for a DSpark draft's stages (synth_drafts.py).
+    """
+    p = Plan(arch, n_layers, [], [])
     n_embd, n_head, head, n_vocab = h["n_embd"], h["n_head"], h["head_dim"], h["n_vocab"]
     q_lora, o_lora, o_groups = h["q_lora"], h["o_lora"], h["o_groups"]
     n_expert, n_used, n_shared, n_ff_exp = h["n_expert"], h["n_expert_used"], h["n_expert_shared"], h["n_ff_exp"]
@@ -219,7 +222,8 @@ def _plan_deepseek4(h: dict, n_layers: int) -> Plan:
 
     p.add("context_length", h["n_ctx"], "u32")
     p.add("embedding_length", n_embd, "u32")
-    p.add("embedding_length_out", n_embd * hc, "u32")
+    if arch == "deepseek4":  # as the converter: a DSpark draft's output is one stream wide
+        p.add("embedding_length_out", n_embd * hc, "u32")
     p.add("block_count", n_layers, "u32")
     p.add("attention.head_count", n_head, "u32")
     p.add("attention.head_count_kv", 1, "u32")
@@ -456,10 +460,12 @@ PRESETS: dict[str, Preset] = {
     )
 }
 
-from . import synth_recurrent  # noqa: E402  (recurrent layouts: tiny-mamba; drawn by _chunks below like every preset)
+from . import synth_drafts, synth_recurrent  # noqa: E402  (recurrent layouts: tiny-mamba; drafts; drawn by draw() like every preset)
 
 PLANNERS.update(synth_recurrent.PLANNERS)
 PRESETS.update({kw["name"]: Preset(**kw) for kw in synth_recurrent.PRESETS})
+PLANNERS.update(synth_drafts.PLANNERS)
+PRESETS.update({kw["name"]: Preset(**kw) for kw in synth_drafts.presets()})
 
 
 def preset(name: str) -> Preset:

@@ -1,0 +1,321 @@
+"""Speculative decoding: synthetic drafts, detection, refusals, and greedy tokens equal with and without a draft.
+
+The drafts have random weights, so llama-server accepts almost none of their tokens:
+these tests show the draft is loaded and used (``draft_n`` > 0) and that the target's
+verification keeps the output exact, not a speed-up (scripts/gpu-check --only drafts
+measures that on the GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import gguf
+import pytest
+
+from conftest import run_pyllm
+
+SEED = 42
+
+
+@pytest.fixture(scope="session")
+def draft_models(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The draft presets written beside their targets (seed 42, as the targets)."""
+    from pyllm_a100.synth import synthesize
+
+    root = tmp_path_factory.mktemp("drafts")
+    names = ("tiny-deepseek4-dspark", "tiny-deepseek4-mtp", "tiny-glm-dsa-mtp", "tiny-deepseek32-mtp")
+    return {name: synthesize(name, root / f"{name}.gguf", seed=SEED).first for name in names}
+
+
+def _tensor_names(path: Path) -> set[str]:
+    return {t.name for t in gguf.GGUFReader(path).tensors}
+
+
+def test_dspark_draft_has_the_layout_the_pin_loads(draft_models: dict[str, Path], tiny_models: dict[str, Path]) -> None:
+    reader = gguf.GGUFReader(draft_models["tiny-deepseek4-dspark"])
+    field = reader.fields["general.architecture"]
+    assert bytes(field.parts[field.data[0]]).decode() == "dflash"
+    names = _tensor_names(draft_models["tiny-deepseek4-dspark"])
+    assert {"markov_w1.weight", "markov_w2.weight", "conf_proj.weight", "fc.weight", "enc.output_norm.weight"} <= names
+    assert "token_embd.weight" not in names and "output.weight" not in names  # shared with the target
+    layers = reader.fields["dflash.target_layers"]
+    assert [int(layers.parts[i][0]) for i in layers.data] == [2, 3, 4]  # within the 4-layer target
+    target = gguf.GGUFReader(tiny_models["tiny-deepseek4"])
+    assert len(reader.fields["tokenizer.ggml.tokens"].data) == len(target.fields["tokenizer.ggml.tokens"].data)
+
+
+def test_mtp_draft_shares_the_targets_embedding_and_head_bytes(draft_models: dict[str, Path], tiny_models: dict[str, Path]) -> None:
+    """Same seed, same names, same architecture: the sidecar's shared tensors are the target's, byte for byte."""
+    for target, draft in (("tiny-deepseek4", "tiny-deepseek4-mtp"), ("tiny-glm-dsa", "tiny-glm-dsa-mtp")):
+        t = {x.name: x for x in gguf.GGUFReader(tiny_models[target]).tensors}
+        d = {x.name: x for x in gguf.GGUFReader(draft_models[draft]).tensors}
+        for name in ("token_embd.weight", "output.weight", "output_norm.weight"):
+            assert bytes(t[name].data.tobytes()) == bytes(d[name].data.tobytes()), (draft, name)
+        n = len([k for k in t if k.endswith(".attn_norm.weight")])
+        assert f"blk.{n}.nextn.eh_proj.weight" in d and "blk.0.attn_norm.weight" not in d
+
+
+@pytest.mark.parametrize("draft, expected", [
+    ("tiny-deepseek4-dspark", "draft-dspark"), ("tiny-deepseek4-mtp", "draft-mtp"), ("tiny-glm-dsa-mtp", "draft-mtp"),
+])
+def test_detect_reads_the_kind_from_the_gguf(draft_models: dict[str, Path], draft: str, expected: str) -> None:
+    from pyllm_a100.drafts import detect
+    from pyllm_a100.gguf_files import resolve_model
+
+    assert detect(resolve_model(draft_models[draft])) == expected
+
+
+def test_a_plain_model_is_a_simple_draft(tiny_models: dict[str, Path]) -> None:
+    from pyllm_a100.drafts import detect
+    from pyllm_a100.gguf_files import resolve_model
+
+    assert detect(resolve_model(tiny_models["tiny-llama"])) == "draft-simple"
+
+
+def test_done_when_serve_with_dspark_draft_gives_the_plain_servers_tokens(tiny_models: dict[str, Path],
+                                                                          draft_models: dict[str, Path]) -> None:
+    """`pyllm serve tiny-deepseek4.gguf --draft tiny-deepseek4-dspark.gguf` == the plain server at temperature 0."""
+    from pyllm_a100 import Server
+    from pyllm_a100.spec_check import greedy
+
+    model, draft = tiny_models["tiny-deepseek4"], draft_models["tiny-deepseek4-dspark"]
+    with Server(model, port=0, ready_timeout=300) as plain:
+        expected, _ = greedy(plain.base_url, "The quick brown fox", 24)
+    started = run_pyllm("serve", str(model), "--draft", str(draft), "--draft-max", "7", "--port", "0", "--detach",
+                        "--name", "spec", timeout=300)
+    assert started.returncode == 0, started.stderr
+    try:
+        assert "draft-dspark" in started.stderr
+        ps = run_pyllm("ps", "--json", check=True)
+        (entry,) = [e for e in json.loads(ps.stdout) if e["name"] == "spec"]
+        assert entry["draft"]["spec_type"] == "draft-dspark" and entry["draft"]["path"] == str(draft.resolve())
+        assert "draft: " in run_pyllm("ps", check=True).stdout
+        tokens, timings = greedy(entry["url"], "The quick brown fox", 24)
+    finally:
+        run_pyllm("stop", "spec", check=True)
+    assert tokens == expected
+    assert timings["draft_n"] > 0  # llama-server really drafted (and verified) tokens
+
+
+@pytest.mark.parametrize("target, draft", [
+    ("tiny-deepseek4", "tiny-deepseek4-mtp"), ("tiny-glm-dsa", "tiny-glm-dsa-mtp"), ("tiny-deepseek32", "tiny-deepseek32-mtp"),
+])
+def test_mtp_draft_keeps_greedy_tokens(tiny_models: dict[str, Path], draft_models: dict[str, Path], target: str, draft: str) -> None:
+    from pyllm_a100.spec_check import compare
+
+    result = compare(tiny_models[target], draft_models[draft], n_predict=16, ready_timeout=300)
+    assert result["spec_type"] == "draft-mtp"
+    assert result["equal"], f"tokens part at {result['first_difference']}: {result['tokens_plain']} vs {result['tokens_draft']}"
+    assert result["draft_n"] > 0
+
+
+def test_auto_uses_the_models_own_mtp_block(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """A GLM-5 GGUF that keeps its NextN block: --draft auto runs draft-mtp on the model's own weights (no -md)."""
+    from pyllm_a100 import Server
+    from pyllm_a100.spec_check import PROMPT, compare, greedy
+    from pyllm_a100.synth import synthesize
+
+    model = synthesize("tiny-glm-dsa-nextn", tmp_path / "glm" / "model.gguf", seed=SEED).first
+    result = compare(model, "auto", n_predict=16, ready_timeout=300)
+    assert result["spec_type"] == "draft-mtp" and result["equal"] and result["draft_n"] > 0
+    with Server(tiny_models["tiny-glm-dsa"], port=0, ready_timeout=300) as trunk:  # same seed: the same trunk weights
+        assert greedy(trunk.base_url, PROMPT, 16)[0] == result["tokens_plain"]
+
+
+def test_concurrent_requests_with_a_dspark_draft_all_get_the_plain_tokens(servers, tiny_models: dict[str, Path],
+                                                                         draft_models: dict[str, Path]) -> None:
+    """Four clients at once on two slots: each slot drafts for its own sequence; every answer is the plain one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pyllm_a100.spec_check import greedy
+
+    model = tiny_models["tiny-deepseek4"]
+    prompts = ["The quick brown fox", "Hello, world!", "def add(a, b):", "你好，世界"]
+    plain = servers.start(model, parallel=2)
+    expected = [greedy(plain.base_url, p, 16)[0] for p in prompts]
+    plain.stop()
+    drafted = servers.start(model, parallel=2, draft=str(draft_models["tiny-deepseek4-dspark"]), draft_max=7)
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda p: greedy(drafted.base_url, p, 16), prompts))
+    assert [tokens for tokens, _ in answers] == expected
+    assert all(timings["draft_n"] > 0 for _, timings in answers)
+
+
+def test_generate_refuses_a_dspark_draft_and_runs_prompt_lookup(tiny_models: dict[str, Path], draft_models: dict[str, Path]) -> None:
+    refused = run_pyllm("generate", str(tiny_models["tiny-deepseek4"]), "Hello", "--draft", str(draft_models["tiny-deepseek4-dspark"]))
+    assert refused.returncode == 1 and "pyllm serve MODEL --draft" in refused.stderr and "Traceback" not in refused.stderr
+    plain = run_pyllm("generate", str(tiny_models["tiny-llama"]), "the cat the cat the", "--temperature", "0", "--max-tokens", "12",
+                      check=True)
+    drafted = run_pyllm("generate", str(tiny_models["tiny-llama"]), "the cat the cat the", "--temperature", "0", "--max-tokens", "12",
+                        "--draft", "prompt-lookup", "--draft-max", "3", check=True)
+    assert drafted.stdout == plain.stdout
+
+
+def test_relative_draft_path_survives_detach(tiny_models: dict[str, Path], draft_models: dict[str, Path], tmp_path: Path) -> None:
+    """The detached supervisor runs from /: a relative --draft is made absolute before it starts."""
+    import shutil
+    import subprocess
+
+    from conftest import PYLLM
+
+    shutil.copy(draft_models["tiny-deepseek4-dspark"], tmp_path / "my draft.gguf")
+    result = subprocess.run([str(PYLLM), "serve", str(tiny_models["tiny-deepseek4"]), "--draft", "my draft.gguf", "--port", "0",
+                             "--detach", "--name", "rel"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    try:
+        (entry,) = json.loads(run_pyllm("ps", "--json", check=True).stdout)
+        assert entry["status"] == "ready" and entry["draft"]["path"] == str(tmp_path / "my draft.gguf")
+    finally:
+        run_pyllm("stop", "rel", check=True)
+
+
+@pytest.mark.parametrize("case", ["vocab", "missing", "not-gguf", "empty", "arch", "depth", "auto-none", "max-without-draft",
+                                  "self", "max-range"])
+def test_bad_draft_is_refused_in_one_line_before_start(case: str, tiny_models: dict[str, Path], draft_models: dict[str, Path],
+                                                       tmp_path: Path, pyllm_home: Path, request: pytest.FixtureRequest) -> None:
+    from pyllm_a100.synth import synthesize
+
+    model = tiny_models["tiny-deepseek4"]
+    args = {
+        "vocab": [],  # SmolLM2's real 49152-token vocabulary beside the synthetic 1024-token one
+        "missing": ["--draft", str(tmp_path / "nope.gguf")],
+        "not-gguf": ["--draft", str(tmp_path / "text.gguf")],
+        "empty": ["--draft", ""],
+        "arch": ["--draft", str(draft_models["tiny-glm-dsa-mtp"])],
+        "depth": ["--draft", "DEEP"],
+        "auto-none": ["--draft", "auto"],
+        "max-without-draft": ["--draft-max", "7"],
+        "self": ["--draft", str(model)],  # the model itself holds no MTP block
+        "max-range": ["--draft", str(draft_models["tiny-deepseek4-dspark"]), "--draft-max", "0"],
+    }[case]
+    (tmp_path / "text.gguf").write_text("not a model\n")
+    if case == "vocab":
+        args = ["--draft", str(request.getfixturevalue("smollm2"))]
+    if case == "depth":  # a DSpark draft written for an 8-layer target, served beside a 4-layer one
+        args = ["--draft", str(synthesize("tiny-deepseek4-dspark", tmp_path / "deep.gguf", layers=8, seed=SEED).first)]
+    if case == "auto-none":  # a model alone in its folder
+        alone = tmp_path / "alone" / "m.gguf"
+        alone.parent.mkdir()
+        os.link(model, alone)
+        model = alone
+    result = run_pyllm("serve", str(model), "--port", "0", *args, timeout=120)
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "draft" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list((pyllm_home / "servers").glob("*")) if (pyllm_home / "servers").exists() else True
+
+
+def test_a_small_model_of_the_same_vocabulary_drafts_exactly(tiny_models: dict[str, Path]) -> None:
+    """tiny-llama shares tiny-deepseek4's synthetic tokenizer: a plain draft model (draft-simple)."""
+    from pyllm_a100.spec_check import compare
+
+    result = compare(tiny_models["tiny-deepseek4"], tiny_models["tiny-llama"], n_predict=16, draft_max=4, ready_timeout=300)
+    assert result["spec_type"] == "draft-simple"
+    assert result["equal"], f"tokens part at {result['first_difference']}"
+    assert result["draft_n"] > 0
+
+
+def test_auto_finds_the_sidecar_beside_the_model(tiny_models: dict[str, Path], draft_models: dict[str, Path], tmp_path: Path) -> None:
+    from pyllm_a100.drafts import resolve
+    from pyllm_a100.gguf_files import resolve_model
+
+    os.link(tiny_models["tiny-deepseek4"], tmp_path / "model.gguf")  # links: resolve() keeps this folder
+    os.link(draft_models["tiny-deepseek4-dspark"], tmp_path / "dspark-model.gguf")
+    draft = resolve(resolve_model(tmp_path / "model.gguf"), "auto", 5)
+    assert draft.spec_type == "draft-dspark"
+    assert draft.argv() == ["--spec-draft-model", str(tmp_path / "dspark-model.gguf"),
+                            "--spec-type", "draft-dspark", "--spec-draft-n-max", "5"]
+    os.link(draft_models["tiny-deepseek4-mtp"], tmp_path / "mtp-model.gguf")
+    with pytest.raises(ValueError, match="2 drafts beside"):
+        resolve(resolve_model(tmp_path / "model.gguf"), "auto")
+
+
+def test_fetch_draft_brings_the_sidecar_and_serve_auto_uses_it(tiny_models: dict[str, Path], draft_models: dict[str, Path],
+                                                               tmp_path: Path, pyllm_home: Path) -> None:
+    """Through the real huggingface_hub against the loopback hub: --draft adds the dspark-* file, the manifest pairs them."""
+    from hub import FakeHub
+
+    repo = "unsloth/Tiny-DSV4-GGUF"
+    hub = FakeHub()
+    try:
+        hub.add_repo(repo, {"F16/Tiny-DSV4-F16.gguf": tiny_models["tiny-deepseek4"].read_bytes(),
+                            "F16/dspark-Tiny-DSV4-F16.gguf": draft_models["tiny-deepseek4-dspark"].read_bytes(),
+                            "README.md": b"# tiny\n"})
+        env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_XET="1",
+                   HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", PYLLM_HOME=str(pyllm_home))
+        root = pyllm_home / "models" / "hf" / "unsloth--Tiny-DSV4-GGUF"
+        plain = run_pyllm("fetch", repo, "--include", "F16/Tiny-DSV4-F16.gguf", env=env, timeout=300)
+        assert plain.returncode == 0, plain.stderr
+        assert not (root / "F16" / "dspark-Tiny-DSV4-F16.gguf").exists()
+        refused = run_pyllm("serve", repo, "--draft", "auto", "--port", "0", env=env, timeout=120)
+        assert refused.returncode == 1 and "fetch" in refused.stderr.strip().splitlines()[-1] and "--draft" in refused.stderr
+        result = run_pyllm("fetch", repo, "--include", "F16/Tiny-DSV4-F16.gguf", "--draft", env=env, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert "--draft auto" in result.stdout
+    finally:
+        hub.close()
+    manifest = json.loads((root / ".pyllm-manifest.json").read_text())
+    assert manifest["drafts"] == [{"model": "F16/Tiny-DSV4-F16.gguf", "draft": "F16/dspark-Tiny-DSV4-F16.gguf"}]
+    listed = json.loads(run_pyllm("models", "--json", env=env, check=True).stdout)
+    assert [r["path"] for r in listed] == [str(root / "F16" / "Tiny-DSV4-F16.gguf")]  # the sidecar is not a model of its own
+    started = run_pyllm("serve", repo, "--draft", "auto", "--port", "0", "--detach", "--name", "auto", env=env, timeout=300)
+    assert started.returncode == 0, started.stderr
+    try:
+        (entry,) = json.loads(run_pyllm("ps", "--json", env=env, check=True).stdout)
+        assert entry["draft"] == {"path": str(root / "F16" / "dspark-Tiny-DSV4-F16.gguf"), "spec_type": "draft-dspark", "n_max": None}
+        from pyllm_a100.spec_check import greedy
+
+        _, timings = greedy(entry["url"], "Hello", 8)
+        assert timings["draft_n"] > 0
+    finally:
+        run_pyllm("stop", "auto", env=env, check=True)
+
+
+def _greedy_in_process(model: Path, n: int = 16, **options) -> list[int]:
+    from pyllm_a100 import Llama
+
+    llm = Llama(model, n_ctx=512, **options)
+    try:
+        tokens = llm.tokenize(b"The quick brown fox jumps over the quick brown fox jumps over the", add_bos=True)
+        out = []
+        for token in llm.generate(tokens, temp=0.0, top_k=1):
+            out.append(int(token))
+            if len(out) >= n:
+                break
+        return out
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("draft", ["small-model", "prompt-lookup"])
+def test_in_process_draft_keeps_greedy_tokens(tiny_models: dict[str, Path], draft: str, tmp_path: Path) -> None:
+    """llama-cpp-python's draft_model path: a small model of the same vocabulary (tiny-llama of another seed), or prompt lookup."""
+    from pyllm_a100.synth import synthesize
+
+    model = tiny_models["tiny-llama"]
+    expected = _greedy_in_process(model)
+    spec = str(synthesize("tiny-llama", tmp_path / "draft.gguf", seed=7).first) if draft == "small-model" else draft
+    assert _greedy_in_process(model, draft=spec, draft_max=4) == expected
+
+
+def test_in_process_draft_is_refused_for_a_cache_that_cannot_rewind(tiny_models: dict[str, Path]) -> None:
+    """DeepSeek-V4's cache cannot drop the rejected tail in place, which llama-cpp-python's speculative loop needs."""
+    from pyllm_a100 import Llama
+    from pyllm_a100.drafts import InProcessUnsupported
+
+    with pytest.raises(InProcessUnsupported, match="cannot drop rejected draft tokens"):
+        Llama(tiny_models["tiny-deepseek4"], n_ctx=512, draft="prompt-lookup")
+
+
+def test_in_process_refuses_dspark_and_mtp_drafts_in_one_line(tiny_models: dict[str, Path], draft_models: dict[str, Path]) -> None:
+    from pyllm_a100 import Llama
+    from pyllm_a100.drafts import InProcessUnsupported
+
+    for name in ("tiny-deepseek4-dspark", "tiny-deepseek4-mtp"):
+        with pytest.raises(InProcessUnsupported, match="pyllm serve MODEL --draft") as caught:
+            Llama(tiny_models["tiny-deepseek4"], draft=str(draft_models[name]))
+        assert "\n" not in str(caught.value)
