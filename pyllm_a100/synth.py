@@ -69,7 +69,10 @@ import numpy as np
 from .errors import PyllmError
 from .synth_vocab import PRE_TOKENIZER, build_vocab
 
-WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "ud-q8-k-xl")
+WEIGHT_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "ud-q8-k-xl", "nvfp4-mix")
+# Architectures whose graph at the pin multiplies routed experts by their per-expert NVFP4 ``scale_2``
+# (``ffn_*_exps.scale``, read by build_moe_ffn): an NVFP4 mix of any other one would load and compute wrong.
+NVFP4_SCALED_ARCHS = ("glm-dsa", "deepseek32")
 CHUNK_BYTES = 32 << 20  # bytes generated and written at a time
 CHAT_TEMPLATE = "deepseek-ai-DeepSeek-V4.jinja"
 
@@ -510,6 +513,10 @@ def ggml_type_for(spec: TensorSpec, weight_type: str):
         if spec.role == "expert" and quantizable:
             return T.MXFP4
         return T.Q8_0 if quantizable else T.F16
+    if weight_type == "nvfp4-mix":  # as a ModelOpt NVFP4 checkpoint converted by the pin: routed experts NVFP4
+        if spec.role == "expert" and spec.ne[0] % 64 == 0:
+            return T.NVFP4
+        return T.Q8_0 if quantizable else T.F16
     simple = {"f32": T.F32, "f16": T.F16, "bf16": T.BF16}
     if weight_type in simple:
         return simple[weight_type]
@@ -523,8 +530,43 @@ def _file_type(weight_type: str) -> int:
 
     return {
         "f32": F.ALL_F32, "f16": F.MOSTLY_F16, "bf16": F.MOSTLY_BF16, "q8_0": F.MOSTLY_Q8_0,
-        "q4_0": F.MOSTLY_Q4_0, "ud-q8-k-xl": F.MOSTLY_MXFP4_MOE,
+        "q4_0": F.MOSTLY_Q4_0, "ud-q8-k-xl": F.MOSTLY_MXFP4_MOE, "nvfp4-mix": F.MOSTLY_NVFP4,
     }[weight_type]
+
+
+# NVFP4 as the pin stores it (ggml-common.h block_nvfp4: 4 UE4M3 sub-block scales, then 32 bytes of E2M1 pairs, 64
+# values): value = kvalues_mxfp4[q] * ue4m3(d) / 2 (ggml-impl.h ggml_ue4m3_to_fp32), times the expert's scale_2
+# (``ffn_*_exps.scale``, F32 per expert) in build_moe_ffn. Random blocks take sub-block scales 0.5..1.875
+# (exponent 6 or 7, any mantissa), so scale_2 carries the tensor's std as a ModelOpt checkpoint's global scale does.
+_E2M1_DOUBLED_RMS = math.sqrt(sum(v * v for v in (0, 1, 2, 3, 4, 6, 8, 12)) / 8)
+_UE4M3_RMS = math.sqrt(sum(((1 + m / 8) * 2.0 ** (e - 7)) ** 2 for e in (6, 7) for m in range(8)) / 16)
+NVFP4_UNIT_STD = _E2M1_DOUBLED_RMS * _UE4M3_RMS / 2  # std of the block values before scale_2
+
+
+def typed_tensors(the_plan: Plan, weight_type: str) -> list[tuple[TensorSpec, Any]]:
+    """Every tensor the file holds under ``weight_type`` with its GGML type.
+
+    ``nvfp4-mix`` adds each NVFP4 expert tensor's per-expert ``scale_2`` (``blk.N.ffn_*_exps.scale``, F32,
+    one value per expert), named as the pin's converter names them (conversion/base.py
+    ``_flush_nvfp4_experts``) and loaded by llama-model.cpp's generic ``.scale`` pass.
+    """
+    from gguf import GGMLQuantizationType as T
+
+    out = [(t, ggml_type_for(t, weight_type)) for t in the_plan.tensors]
+    if weight_type != "nvfp4-mix":
+        return out
+    if the_plan.arch not in NVFP4_SCALED_ARCHS:
+        raise SynthError(f"--type nvfp4-mix: the pinned llama.cpp's {the_plan.arch} graph ignores NVFP4's per-expert scales "
+                         f"(only {', '.join(NVFP4_SCALED_ARCHS)} apply them); choose ud-q8-k-xl (MXFP4 experts) for {the_plan.arch}")
+    scales = []
+    for spec, ggml_type in out:
+        if ggml_type == T.NVFP4:
+            s2 = spec.init.std / NVFP4_UNIT_STD
+            scales.append((TensorSpec(spec.name.removesuffix(".weight") + ".scale", (spec.ne[-1],), "f32",
+                                      Init(std=0.05 * s2, mean=s2)), T.F32))
+    if not scales:
+        raise SynthError(f"--type nvfp4-mix: {the_plan.arch} has no routed experts to store in NVFP4; choose q8_0 or q4_0")
+    return out + scales
 
 
 def tensor_nbytes(spec: TensorSpec, ggml_type) -> int:
@@ -587,6 +629,9 @@ def draw(spec: TensorSpec, ggml_type, seed: int, arch: str) -> Iterator[bytes]:
                 out[:, :2] = _f16_scales(rng, n_blocks, init.std / 74.0)
             elif ggml_type == T.Q4_0:  # f16 d, 32 x 4-bit (q - 8: std ~ 4.6)
                 out[:, :2] = _f16_scales(rng, n_blocks, init.std / 4.6)
+            elif ggml_type == T.NVFP4:  # 4 UE4M3 sub-block scales 0.5..1.875; the std is in the expert's scale_2
+                e = rng.integers(6, 8, (n_blocks, 4), dtype=np.int64)
+                out[:, :4] = ((e << 3) | rng.integers(0, 8, (n_blocks, 4), dtype=np.int64)).astype(np.uint8)
             elif ggml_type == T.MXFP4:  # e8m0 scale (2^(e-128) in ggml), 32 x e2m1 (doubled: std ~ 5.2)
                 e = 128 + int(round(math.log2(init.std / 5.2)))
                 out[:, 0] = rng.integers(e - 1, e + 2, n_blocks, dtype=np.int64).astype(np.uint8)
@@ -728,7 +773,9 @@ def synthesize(
     the_plan = plan(preset_name, layers, experts)
     n_vocab = p.hparams["n_vocab"]
     vocab = build_vocab(n_vocab)
-    types = {t.name: ggml_type_for(t, wtype) for t in the_plan.tensors}
+    typed = typed_tensors(the_plan, wtype)
+    the_plan = dataclasses.replace(the_plan, tensors=[t for t, _ in typed])
+    types = {t.name: ggml_type for t, ggml_type in typed}
     sizes = {t.name: tensor_nbytes(t, types[t.name]) for t in the_plan.tensors}
     total = sum(sizes.values())
 
