@@ -183,38 +183,43 @@ def kv_layer_bytes(shape: Shape, ctx: int, slots: int, *, type_k_bytes: float = 
 
 
 def compute_bytes(shape: Shape, ctx: int, slots: int, *, n_ubatch: int = N_UBATCH) -> tuple[int, int]:
-    """(per GPU, extra on the GPU holding the output head): llama.cpp's compute buffer, as an allowance.
+    """(a layer-holding GPU's compute buffer, the output GPU's): llama.cpp's compute buffers, as an allowance.
 
-    ggml-alloc reuses memory between layers, so a GPU's buffer is the largest set of tensors live at once in
-    one layer of the reserve graph (n_ubatch tokens, every cell visible). The terms that grow with the
-    context are the attention masks (F16 with flash attention) over n_kv x n_ubatch: for DSA the KQ mask, the
-    filled/top-k-unmasked copies of it (llama-graph.cpp:3068-3095) and the F32 lightning-indexer scores
-    (models/glm-dsa.cpp:312); for DeepSeek-V4 the window plus the CSA-compressed cells. The rest is the
-    micro-batch's activations: the widest projection outputs, the routed experts' intermediate rows and the
-    MoE routing. The output GPU also holds the F32 logits (n_vocab x n_ubatch).
+    ggml-alloc reuses memory between layers, so a buffer is the largest set of tensors live at once in the
+    reserve graph (n_ubatch tokens, every cell visible: llama-kv-cache.cpp:2795 init_full). Two peaks:
+    inside a layer, a producer and a consumer of the widest micro-batch activation (the MLA query rows, the
+    routed experts' gate/up rows or the indexer queries) plus, for DSA, the indexer scores and masks that grow
+    with n_kv and the top-k tensors that grow with min(n_kv, top_k) (indices and the zero rows scattered into
+    the mask, llama-graph.cpp:3079-3088); at the output, the F32 logits of one output per slot. The factors are fitted on llama-server's
+    CPU reserve (docs/memory-plan.md: tiny-glm-dsa and glm-5 cut to 4 layers); the GPU figure is checked by
+    scripts/gpu-check --only memory-plan.
     """
     n_embd = int(shape.get("embedding_length") or 0)
     n_head = int(shape.get("attention.head_count") or 1)
-    n_seq, n_stream = cells(ctx, slots)
+    n_seq, _ = cells(ctx, slots)
     used = int(shape.get("expert_used_count") or 0)
     n_ff_exp = int(shape.get("expert_feed_forward_length") or 0)
     n_ff = shape.get("feed_forward_length") or 0
     n_ff = int(max(n_ff) if isinstance(n_ff, list) else n_ff)
     k_len = int(shape.get("attention.key_length") or (n_embd // max(n_head, 1)))
-    ffn = max(n_ff, used * n_ff_exp * 2)  # gate and up rows of the routed experts
-    q_rows = n_head * (k_len + int(shape.get("attention.value_length") or k_len))
-    activations = 4 * n_ubatch * (6 * n_embd + 2 * ffn + 2 * q_rows)
+    idx = int(shape.get("attention.indexer.head_count") or 0) * int(shape.get("attention.indexer.key_length") or 0)
+    # the query path holds three rows of n_head x key_length at once (absorbed nope, rope part, their concat);
+    # the others a producer and a consumer
+    widest = max(3 * n_head * k_len, 2 * n_embd, 2 * used * n_ff_exp * 2, 2 * n_ff, 2 * idx)
+    layer = 4 * n_ubatch * widest
     if shape.arch in ("glm-dsa", "deepseek32"):
-        n_kv = n_seq  # per stream; the masks hold n_kv x (n_ubatch / n_stream) x n_stream
-        per_kv = 4 * 2 + 4 + 4  # KQ mask, filled and top-k copies and their sum (F16), indexer mask, indexer scores (F32)
+        top_k = int(shape.get("attention.indexer.top_k") or n_seq)
+        layer += 4 * n_ubatch * idx + 8 * n_seq * n_ubatch + 8 * min(n_seq, top_k) * n_ubatch
     elif shape.arch == "deepseek4":
-        n_kv = int(shape.get("attention.sliding_window") or 0) + n_ubatch + -(-n_seq // DSV4_CSA)
-        per_kv = 4 * 2 + 4
+        top_k = int(shape.get("attention.indexer.top_k") or 0)
+        n_kv = int(shape.get("attention.sliding_window") or 0) + n_ubatch + min(-(-n_seq // DSV4_CSA), top_k)
+        layer += 8 * n_kv * n_ubatch
     else:
-        n_kv = n_seq
-        per_kv = 2 + 4 * n_head  # flash attention's F16 mask; without it the F32 KQ scores (the CPU may take either)
+        layer += (2 + 4 * n_head) * n_seq * n_ubatch  # F16 mask with flash attention; F32 KQ scores without
     n_vocab = int(shape.metadata.get("tokenizer.ggml.tokens.length") or shape.get("vocab_size") or 0)
-    return activations + per_kv * n_kv * n_ubatch, 4 * n_vocab * n_ubatch
+    # llama-server reserves logits for one output per slot (llama-context.cpp:670 n_outputs_max)
+    output = 4 * n_vocab * slots + 2 * 4 * n_embd * n_ubatch
+    return layer, max(layer, output)
 
 
 # --- the plan -------------------------------------------------------------------------------
@@ -277,7 +282,7 @@ def per_device(shape: Shape, n_devices: int, ctx: int, slots: int, *, gpu: bool 
     """Weights, KV, compute and overhead per device under ``split`` (even by default)."""
     where = layer_devices(shape.n_layer, n_devices, split)
     kv = kv_layer_bytes(shape, ctx, slots, type_k_bytes=type_k_bytes, type_v_bytes=type_k_bytes)
-    compute, logits = compute_bytes(shape, ctx, slots)
+    compute, at_output = compute_bytes(shape, ctx, slots)
     out = []
     for d in range(n_devices):
         mine = [il for il in range(shape.n_layer) if where[il] == d]
@@ -285,7 +290,7 @@ def per_device(shape: Shape, n_devices: int, ctx: int, slots: int, *, gpu: bool 
         holds = bool(mine) or where[-1] == d
         out.append(DevicePlan(
             device=f"CUDA{d}" if gpu else "CPU", layers=len(mine), weights=weights, kv=sum(kv[il] for il in mine),
-            compute=(compute + (logits if where[-1] == d else 0)) if holds else 0,
+            compute=(at_output if where[-1] == d else compute) if holds else 0,
             overhead=CUDA_OVERHEAD_MIB * MIB if gpu else 0,
         ))
     return out
@@ -413,3 +418,75 @@ def hub_shape(label: str, header_metadata: dict[str, Any], first_shard_tensors: 
                   per_layer * nextn, dict(tensor_types))
     shape.path, shape.files_bytes = path, total_bytes
     return shape
+
+
+# --- estimate against what a server reported ------------------------------------------------------
+
+_LOGGED = {
+    "model": re.compile(r"(\w+) model buffer size = +([\d.]+) MiB"),
+    "kv": re.compile(r"(\w+) KV buffer size = +([\d.]+) MiB"),
+    "compute": re.compile(r"(\w+) compute buffer size = +([\d.]+) MiB"),
+    "output": re.compile(r"(\w+) +output buffer size = +([\d.]+) MiB"),
+}
+
+
+def logged_buffers(log_text: str) -> dict[str, dict[str, float]]:
+    """llama-server's own buffer report, MiB per device: {"CUDA0": {"model":.., "kv":.., "compute":.., "output":..}}.
+
+    KV lines are summed (DSA and DeepSeek-V4 caches print one line per sub-cache); model and compute lines
+    of a device: the last one (a second graph reserve replaces the first).
+    """
+    out: dict[str, dict[str, float]] = {}
+    for kind, pattern in _LOGGED.items():
+        seen: dict[str, float] = {}
+        for device, mib in pattern.findall(log_text):
+            # CPU_Mapped / CPU: the device's own buffers; CPU_REPACK (a CPU-only re-layout of some weights) stays apart
+            device = "CPU" if device in ("CPU", "CPU_Mapped") else device
+            seen[device] = seen.get(device, 0.0) + float(mib) if kind in ("kv", "model") else float(mib)
+        for device, mib in seen.items():
+            out.setdefault(device, {"model": 0.0, "kv": 0.0, "compute": 0.0, "output": 0.0})[kind] = mib
+    return out
+
+
+def _pct(estimate: float, measured: float) -> float | None:
+    return round(100.0 * (estimate - measured) / measured, 1) if measured else None
+
+
+def estimate_vs_measured(shape: Shape, log_text: str, ctx: int, slots: int, n_gpus: int = 0, *,
+                         used_mib: list[float] | None = None, type_k_bytes: float = 2.0) -> dict[str, Any]:
+    """Our estimate beside llama-server's logged buffers (and nvidia-smi's used-minus-idle MiB per GPU, if given).
+
+    ``n_gpus`` 0 is a CPU run: one device holding everything. Errors are (estimate - measured) / measured in %.
+    """
+    logged = logged_buffers(log_text)
+    rows = []
+    if n_gpus == 0:
+        devices = per_device(shape, 1, ctx, slots, gpu=False, type_k_bytes=type_k_bytes)
+        devices[0].weights += shape.input_bytes
+        names = ["CPU"]
+    else:
+        devices = per_device(shape, n_gpus, ctx, slots, gpu=True, type_k_bytes=type_k_bytes)
+        names = [f"CUDA{i}" for i in range(n_gpus)]
+    for i, (name, d) in enumerate(zip(names, devices)):
+        got = logged.get(name, {})
+        logged_sum = sum(got.get(k, 0.0) for k in ("model", "kv", "compute", "output"))
+        buffers = (d.weights + d.kv + d.compute) / MIB
+        row = {
+            "device": name,
+            "estimate_mib": {"weights": round(d.weights / MIB, 1), "kv": round(d.kv / MIB, 1), "compute": round(d.compute / MIB, 1),
+                             "overhead": round(d.overhead / MIB, 1), "total": round(d.total / MIB, 1)},
+            "logged_mib": {k: round(v, 1) for k, v in got.items()},
+            "error_pct": {"weights": _pct(d.weights / MIB, got.get("model", 0.0)), "kv": _pct(d.kv / MIB, got.get("kv", 0.0)),
+                          "compute": _pct(d.compute / MIB, got.get("compute", 0.0)), "buffers": _pct(buffers, logged_sum)},
+        }
+        if used_mib is not None and i < len(used_mib):
+            row["measured_used_mib"] = round(used_mib[i], 1)
+            row["error_pct"]["total_vs_measured"] = _pct(d.total / MIB, used_mib[i])
+        rows.append(row)
+    if n_gpus and "CPU" in logged:
+        rows.append({"device": "CPU (host)", "estimate_mib": {"weights": round(shape.input_bytes / MIB, 1)},
+                     "logged_mib": {k: round(v, 1) for k, v in logged["CPU"].items()},
+                     "error_pct": {"weights": _pct(shape.input_bytes / MIB, logged["CPU"].get("model", 0.0))}})
+    worst = max((abs(r["error_pct"].get("total_vs_measured") or r["error_pct"].get("buffers") or 0.0) for r in rows
+                 if r["device"] != "CPU (host)"), default=None)
+    return {"label": shape.label, "ctx_per_slot": ctx, "parallel": slots, "gpus": n_gpus, "devices": rows, "worst_error_pct": worst}
