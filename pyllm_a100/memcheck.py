@@ -37,7 +37,7 @@ def measure(model: str | os.PathLike[str], ctx: int, parallel: int, *, tensor_sp
 
     files = resolve_model(model)
     shape = local_shape(files)
-    gpu = bool(n_gpu_layers) or (n_gpu_layers is None and _gpu_build_with_gpus())
+    gpu = n_gpu_layers != 0 and _gpu_build_with_gpus()  # a CPU build runs everything on the CPU whatever -ngl says
     n_gpus = 0
     if gpu:
         from .splits import parse_tensor_split

@@ -487,6 +487,11 @@ def estimate_vs_measured(shape: Shape, log_text: str, ctx: int, slots: int, n_gp
         rows.append({"device": "CPU (host)", "estimate_mib": {"weights": round(shape.input_bytes / MIB, 1)},
                      "logged_mib": {k: round(v, 1) for k, v in logged["CPU"].items()},
                      "error_pct": {"weights": _pct(shape.input_bytes / MIB, logged["CPU"].get("model", 0.0))}})
-    worst = max((abs(r["error_pct"].get("total_vs_measured") or r["error_pct"].get("buffers") or 0.0) for r in rows
-                 if r["device"] != "CPU (host)"), default=None)
+    errors = []
+    for r in rows:
+        if r["device"] == "CPU (host)":
+            continue
+        e = r["error_pct"].get("total_vs_measured", r["error_pct"]["buffers"])
+        errors.append(None if e is None else abs(e))
+    worst = None if not errors or None in errors else max(errors)  # a device with nothing measured is no pass
     return {"label": shape.label, "ctx_per_slot": ctx, "parallel": slots, "gpus": n_gpus, "devices": rows, "worst_error_pct": worst}

@@ -536,11 +536,32 @@ def _file_type(weight_type: str) -> int:
 
 # NVFP4 as the pin stores it (ggml-common.h block_nvfp4: 4 UE4M3 sub-block scales, then 32 bytes of E2M1 pairs, 64
 # values): value = kvalues_mxfp4[q] * ue4m3(d) / 2 (ggml-impl.h ggml_ue4m3_to_fp32), times the expert's scale_2
-# (``ffn_*_exps.scale``, F32 per expert) in build_moe_ffn. Random blocks take sub-block scales 0.5..1.875
-# (exponent 6 or 7, any mantissa), so scale_2 carries the tensor's std as a ModelOpt checkpoint's global scale does.
-_E2M1_DOUBLED_RMS = math.sqrt(sum(v * v for v in (0, 1, 2, 3, 4, 6, 8, 12)) / 8)
-_UE4M3_RMS = math.sqrt(sum(((1 + m / 8) * 2.0 ** (e - 7)) ** 2 for e in (6, 7) for m in range(8)) / 16)
-NVFP4_UNIT_STD = _E2M1_DOUBLED_RMS * _UE4M3_RMS / 2  # std of the block values before scale_2
+# (``ffn_*_exps.scale``, F32 per expert) in build_moe_ffn. Unlike the other quantized types (random blocks),
+# nvfp4-mix quantizes the very values the f16 file of the same seed holds: its NMSE against that file is the
+# quantization's own error. scale_2 = std / 448 puts a sub-block's amax / 6 well inside UE4M3's normal range
+# (ModelOpt's per-tensor amax / (6 * 448), with amax near 6 std).
+NVFP4_SCALE2_PER_STD = 1 / 448
+_FP4_LEVELS = np.array([0, 1, 2, 3, 4, 6, 8, 12], dtype=np.float32)  # kvalues_mxfp4 magnitudes (E2M1 doubled)
+_FP4_MIDPOINTS = (_FP4_LEVELS[1:] + _FP4_LEVELS[:-1]) / 2
+
+
+def quantize_nvfp4(values: np.ndarray) -> np.ndarray:
+    """float32 values (a multiple of 64) -> NVFP4 blocks (n, 36) uint8, as ggml-quants.c quantize_row_nvfp4_ref.
+
+    The ``gguf`` package (0.19.0) decodes NVFP4 but raises NotImplementedError to encode it. Per 16-value
+    sub-block: UE4M3 scale of amax / 6, then each value's nearest of kvalues_mxfp4 * scale (ties to the lower
+    index, as best_index_mxfp4's first minimum; -0 is never chosen).
+    """
+    from gguf.quants import NVFP4
+
+    x = values.reshape(-1, 4, 16).astype(np.float32)
+    ue = NVFP4.fp32_to_ue4m3(np.abs(x).max(axis=-1) / 6.0)
+    d = NVFP4.ue4m3_to_fp32(ue).astype(np.float32)[..., None]
+    scaled = np.divide(np.abs(x), d, out=np.zeros_like(x), where=d > 0)
+    level = np.searchsorted(_FP4_MIDPOINTS, scaled, side="left").astype(np.uint8)
+    idx = np.where((x < 0) & (level > 0), level + 8, level).astype(np.uint8)
+    qs = idx[..., :8] | (idx[..., 8:] << 4)
+    return np.concatenate([ue.astype(np.uint8), qs.reshape(-1, 32)], axis=1)
 
 
 def typed_tensors(the_plan: Plan, weight_type: str) -> list[tuple[TensorSpec, Any]]:
@@ -561,9 +582,8 @@ def typed_tensors(the_plan: Plan, weight_type: str) -> list[tuple[TensorSpec, An
     scales = []
     for spec, ggml_type in out:
         if ggml_type == T.NVFP4:
-            s2 = spec.init.std / NVFP4_UNIT_STD
             scales.append((TensorSpec(spec.name.removesuffix(".weight") + ".scale", (spec.ne[-1],), "f32",
-                                      Init(std=0.05 * s2, mean=s2)), T.F32))
+                                      Init(mean=spec.init.std * NVFP4_SCALE2_PER_STD)), T.F32))
     if not scales:
         raise SynthError(f"--type nvfp4-mix: {the_plan.arch} has no routed experts to store in NVFP4; choose q8_0 or q4_0")
     return out + scales
@@ -585,8 +605,12 @@ def _f16_scales(rng: np.random.Generator, n: int, base: float) -> np.ndarray:
     return (base * rng.uniform(0.5, 1.5, n)).astype(np.float16).view(np.uint8).reshape(n, 2)
 
 
-def draw(spec: TensorSpec, ggml_type, seed: int, arch: str) -> Iterator[bytes]:
-    """The tensor's bytes by its :class:`Init`, in pieces of about CHUNK_BYTES, deterministic in (seed, arch, name)."""
+def draw(spec: TensorSpec, ggml_type, seed: int, arch: str, *, from_values: bool = False) -> Iterator[bytes]:
+    """The tensor's bytes by its :class:`Init`, in pieces of about CHUNK_BYTES, deterministic in (seed, arch, name).
+
+    ``from_values`` (nvfp4-mix): a quantized tensor holds the values the F16 type would draw, quantized (Q8_0 by
+    the ``gguf`` package, NVFP4 by :func:`quantize_nvfp4` over value / scale_2), instead of random blocks.
+    """
     from gguf import GGML_QUANT_SIZES
     from gguf import GGMLQuantizationType as T
 
@@ -620,6 +644,14 @@ def draw(spec: TensorSpec, ggml_type, seed: int, arch: str) -> Iterator[bytes]:
             first = rng.integers(0, init.high, size=n // row_elems, dtype=np.int64)
             ids = (first[:, None] + np.arange(row_elems)[None, :]) % init.high
             yield ids.astype(np.int32).tobytes()
+        elif from_values:
+            from gguf.quants import quantize
+
+            values = rng.standard_normal(n, dtype=np.float32) * std  # the F16 type's stream, value for value
+            if ggml_type == T.NVFP4:
+                yield quantize_nvfp4(values / np.float32(init.std * NVFP4_SCALE2_PER_STD)).tobytes()
+            else:
+                yield quantize(values.reshape(n_rows, row_elems), ggml_type).tobytes()
         else:
             if init.mean != 0.0:
                 raise SynthError(f"internal: {spec.name} is quantized ({ggml_type.name}) but its init has a mean")
@@ -629,9 +661,6 @@ def draw(spec: TensorSpec, ggml_type, seed: int, arch: str) -> Iterator[bytes]:
                 out[:, :2] = _f16_scales(rng, n_blocks, init.std / 74.0)
             elif ggml_type == T.Q4_0:  # f16 d, 32 x 4-bit (q - 8: std ~ 4.6)
                 out[:, :2] = _f16_scales(rng, n_blocks, init.std / 4.6)
-            elif ggml_type == T.NVFP4:  # 4 UE4M3 sub-block scales 0.5..1.875; the std is in the expert's scale_2
-                e = rng.integers(6, 8, (n_blocks, 4), dtype=np.int64)
-                out[:, :4] = ((e << 3) | rng.integers(0, 8, (n_blocks, 4), dtype=np.int64)).astype(np.uint8)
             elif ggml_type == T.MXFP4:  # e8m0 scale (2^(e-128) in ggml), 32 x e2m1 (doubled: std ~ 5.2)
                 e = 128 + int(round(math.log2(init.std / 5.2)))
                 out[:, 0] = rng.integers(e - 1, e + 2, n_blocks, dtype=np.int64).astype(np.uint8)
@@ -825,7 +854,7 @@ def synthesize(
         writer.write_ti_data_to_file()
         done = 0
         for t in the_plan.tensors:
-            _stream_tensor(writer, draw(t, types[t.name], seed, the_plan.arch), sizes[t.name])
+            _stream_tensor(writer, draw(t, types[t.name], seed, the_plan.arch, from_values=wtype == "nvfp4-mix"), sizes[t.name])
             done += sizes[t.name]
             if progress is not None:
                 progress(done, total)
