@@ -309,16 +309,16 @@ def _memory_plan(model: Optional[str], gpus: Optional[str], ctx_size: Optional[i
               f"+{plan['cuda_overhead_mib']} MiB CUDA overhead, {plan['fit_margin_mib']} MiB kept free")
     table = Table(show_edge=False, pad_edge=False)
     for name, justify in (("quant", "left"), ("weights GiB", "right"), ("KV GiB", "right"), ("compute GiB", "right"),
-                          ("max/GPU GiB", "right"), ("fits", "left"), ("serve", "left")):
+                          ("max/GPU GiB", "right"), ("fits", "left"), ("note", "left")):
         table.add_column(name, justify=justify, overflow="fold")
     for r in plan["rows"]:
-        serve = r["serve"] or "-"
-        if r["note"]:
-            serve = f"{serve}  ({r['note']})" if r["serve"] else r["note"]
         table.add_row(r["label"], f"{r['weight_bytes'] / 2**30:.1f}", f"{r['kv_bytes'] / 2**30:.2f}",
                       f"{r['compute_bytes'] / 2**30:.2f}", f"{r['max_device_bytes'] / 2**30:.1f}",
-                      "yes" if r["fits"] else "no", serve)
+                      "yes" if r["fits"] else "no", r["note"])
     out.print(table)
+    for r in plan["rows"]:  # whole lines, never wrapped: they are meant to be pasted
+        if r["serve"]:
+            print(f"{r['label']}: {r['serve']}")
     for r in plan["rows"]:
         if r.get("llama_fit_mib"):
             ours = {d["device"]: d for d in r["devices"]}

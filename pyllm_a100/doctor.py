@@ -262,7 +262,7 @@ def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: in
     from .memplan import CUDA_OVERHEAD_MIB, FIT_MARGIN_MIB, local_shape, parse_gpus, plan_row, preset_shapes
 
     spec = parse_gpus(gpus)
-    slots = parallel or 1
+    slots = 1 if parallel is None else parallel
     if slots < 1:
         raise InvalidArgument(f"--parallel {parallel}: must be at least 1 (request slots served at once)")
     if ctx_size is not None and ctx_size < 1:
