@@ -101,6 +101,7 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
         note = TYPE_NOTES.get(name)
         if note and name in ("MXFP4", "NVFP4"):
             findings.append(Finding("ok", f"{count} {name} tensors: {note}"))
+    findings += [f for f in _nvfp4_findings(arch, files.tensor_types) if f.level != "ok"]
     trained = int(meta.get(f"{arch}.context_length") or 0)
     ctx = ctx or (min(trained, 16384) if trained else 16384)
     report: dict[str, Any] = {
@@ -218,7 +219,7 @@ def _source(model: str) -> str:
         raise
 
 
-def _nvfp4_findings(arch: str, types: dict[str, int], *, names: list[str] | None = None) -> list[Finding]:
+def _nvfp4_findings(arch: str, types: dict[str, int]) -> list[Finding]:
     count = types.get("NVFP4", 0)
     if not count:
         return []
