@@ -200,3 +200,26 @@ def test_quantize_nvfp4_matches_ggmls_reference_decoding() -> None:
     rel = float(((x - y) ** 2).sum() / (x ** 2).sum())
     assert 1e-3 < rel < 2e-2, rel
     assert (np.sign(y[np.abs(y) > 0]) == np.sign(x[np.abs(y) > 0])).all()
+
+
+def test_remote_header_longer_than_the_first_range_is_read_again_with_twice_the_range(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    from conftest import run_python
+
+    hub = FakeHub()
+    try:
+        hub.add_repo("test/one", {"m.gguf": tiny_models["tiny-glm-dsa"].read_bytes(), "bad.gguf": b"NOPE" * 100})
+        code = ("from pyllm_a100 import gguf_remote\n"
+                "gguf_remote.RANGE_START = 4096\n"
+                "h = gguf_remote.remote_header('test/one', 'm.gguf')\n"
+                "print(h.metadata['general.architecture'], h.tensor_count)\n"
+                "try:\n    gguf_remote.remote_header('test/one', 'bad.gguf')\n"
+                "except Exception as e:\n    print(type(e).__name__, e)\n")
+        result = run_python(code, env=dict(os.environ, HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HOME=str(tmp_path / "hf")))
+        assert result.returncode == 0, result.stderr
+        first, second = result.stdout.strip().splitlines()
+        assert first.startswith("glm-dsa ") and int(first.split()[1]) > 10
+        assert second.startswith("FetchError") and "not a GGUF file" in second
+        ranges = [h["Range"] for m, p, h in hub.requests if p.endswith("/m.gguf") and m == "GET"]
+        assert ranges[0] == "bytes=0-4095" and len(ranges) >= 3 and ranges[1] == "bytes=0-8191", ranges
+    finally:
+        hub.close()
