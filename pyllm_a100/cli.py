@@ -323,9 +323,15 @@ def _memory_plan(model: Optional[str], gpus: Optional[str], ctx_size: Optional[i
         if r.get("llama_fit_mib"):
             ours = {d["device"]: d for d in r["devices"]}
             for dev, f in r["llama_fit_mib"].items():
-                mine = ours.get(dev) or (ours.get("CUDA0") if dev == "Host" else None)
-                line = f"llama-fit-params {dev}: model {f['model']} MiB, context {f['context']} MiB, compute {f['compute']} MiB"
-                out.print(line)
+                if dev in ours:
+                    d = ours[dev]
+                    mine = (d["weights"], d["kv"], d["compute"])
+                elif dev == "Host":  # a host-only figure: the whole model on one device
+                    mine = (r["weight_bytes"], r["kv_bytes"], max(d["compute"] for d in r["devices"]))
+                else:
+                    continue
+                out.print(f"{r['label']} {dev}: llama-fit-params model {f['model']}, context {f['context']}, compute {f['compute']} MiB; "
+                          f"this plan {mine[0] / 2**20:.0f}, {mine[1] / 2**20:.0f}, {mine[2] / 2**20:.0f} MiB", markup=False)
     for f in plan["findings"]:
         out.print(f"[{ {'ok': 'ok  ', 'warn': 'warn', 'error': 'FAIL'}[f['level']] }] {f['text']}", markup=False)
 
