@@ -214,8 +214,8 @@ def _source(model: str) -> str:
         locate(model)
         return "file"
     except ModelNotFound:
-        if re.fullmatch(r"[\w.-]+/[\w.-]+", model):
-            return "hub"
+        if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", model) and not model.endswith(".gguf"):
+            return "hub"  # OWNER/NAME; ./x.gguf or dir/x.gguf that do not exist stay "no such file"
         raise
 
 

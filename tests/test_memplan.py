@@ -71,6 +71,9 @@ def test_bad_gpus_values_are_one_line_errors(bad: str) -> None:
 def test_plan_arguments_are_checked() -> None:
     assert "at least 1" in run_pyllm("doctor", "glm-5", "--gpus", "8x80", "--parallel", "0").stderr
     assert "positive" in run_pyllm("doctor", "glm-5", "--gpus", "8x80", "--ctx-size", "-5").stderr
+    for missing in ("./nofile.gguf", "dir/nofile.gguf", "/abs/nofile.gguf"):
+        gone = run_pyllm("doctor", missing, "--gpus", "8x80")
+        assert gone.returncode == 1 and "does not exist" in gone.stderr and "Traceback" not in gone.stderr, gone.stderr
     no_gpus = run_pyllm("doctor", "glm-5", "--parallel", "4")
     assert no_gpus.returncode == 1 and "--gpus COUNTxGIB" in no_gpus.stderr
 
