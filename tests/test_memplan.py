@@ -226,3 +226,22 @@ def test_remote_header_longer_than_the_first_range_is_read_again_with_twice_the_
         assert ranges[0] == "bytes=0-4095" and len(ranges) >= 3 and ranges[1] == "bytes=0-8191", ranges
     finally:
         hub.close()
+
+
+def test_a_tensor_type_unknown_to_the_build_is_refused_before_llama_cpp_starts(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """As NVFP4 (type 40) read by an older llama.cpp: ggml's parser names the tensor and type; serve/doctor say so."""
+    import struct
+
+    data = bytearray(tiny_models["tiny-llama"].read_bytes())
+    name = b"token_embd.weight"
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    type_at = at + 4 + 8 * n_dims
+    assert struct.unpack_from("<I", data, type_at)[0] == 1  # F16
+    struct.pack_into("<I", data, type_at, 99)
+    bad = tmp_path / "future-type.gguf"
+    bad.write_bytes(bytes(data))
+    for args in (["doctor", str(bad)], ["serve", str(bad), "--port", "0"]):
+        result = run_pyllm(*args, timeout=60)
+        assert result.returncode == 1 and "GGML type 99" in result.stderr and "token_embd.weight" in result.stderr, result.stderr
+        assert "truncated" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
