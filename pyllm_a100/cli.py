@@ -63,7 +63,7 @@ def synth_cmd(
         Optional[int], typer.Option(help="Routed experts per MoE layer (fewer: smaller file, same work per token).")
     ] = None,
     weight_type: Annotated[
-        Optional[str], typer.Option("--type", help="f32, f16, bf16, q8_0, q4_0 or ud-q8-k-xl (MXFP4 experts, Q8_0 elsewhere).")
+        Optional[str], typer.Option("--type", help="f32, f16, bf16, q8_0, q4_0, ud-q8-k-xl (MXFP4 experts, Q8_0 elsewhere) or nvfp4-mix (NVFP4 experts with per-expert scales, Q8_0 elsewhere; glm-dsa and deepseek32).")
     ] = None,
     split_max_size: Annotated[
         Optional[str], typer.Option(help="Write a shard set NAME-0000k-of-0000N.gguf with shards up to this size (500M, 2G).")
@@ -252,11 +252,21 @@ def doctor_cmd(
     model: Annotated[Optional[str], typer.Argument(help="A .gguf file, shard 1 of a set, or a folder holding one set.")] = None,
     ctx_size: Annotated[Optional[int], typer.Option(help="Context to plan for (default: the model's, at most 16384).")] = None,
     rpc: Annotated[Optional[str], typer.Option(help="Also list these rpc-server workers' devices (HOST:PORT[,...]).")] = None,
+    gpus: Annotated[Optional[str], typer.Option(help="Plan memory for COUNTxGIB GPUs (e.g. 8x80): per quantization, weights, "
+                                                "KV, compute per GPU, fits or not, and a serve command. MODEL may be a preset "
+                                                "(glm-5, deepseek-v4-flash), a file, or a hub repo (read by metadata only).")] = None,
+    parallel: Annotated[Optional[int], typer.Option(help="With --gpus: request slots; --ctx-size is then per slot.")] = None,
+    layers: Annotated[Optional[int], typer.Option(help="With --gpus and a preset: cut the preset to N layers.")] = None,
+    experts: Annotated[Optional[int], typer.Option(help="With --gpus and a preset: routed experts per layer.")] = None,
+    token: Annotated[Optional[str], typer.Option(help="With --gpus and a hub repo: access token (or HF_TOKEN).", envvar="HF_TOKEN")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """GPUs, driver, toolchain and this build; with MODEL: support, memory fit and a serve command."""
     from .doctor import gather
 
+    if gpus is not None or parallel is not None:
+        _memory_plan(model, gpus, ctx_size, parallel, layers, experts, token, as_json)
+        return
     report = gather(model, ctx_size, rpc=rpc)
     if as_json:
         print(json.dumps(report, indent=2))
@@ -290,6 +300,53 @@ def doctor_cmd(
         print(f"suggested: {report['suggestion']}")
     if any(f["level"] == "error" for f in report["findings"]):
         sys.exit(1)
+
+
+def _memory_plan(model: Optional[str], gpus: Optional[str], ctx_size: Optional[int], parallel: Optional[int],
+                 layers: Optional[int], experts: Optional[int], token: Optional[str], as_json: bool) -> None:
+    from rich.table import Table
+
+    from .doctor import memory_plan
+    from .errors import InvalidArgument
+
+    if model is None or gpus is None:
+        raise InvalidArgument("the memory plan needs a MODEL and --gpus COUNTxGIB, e.g. pyllm doctor glm-5 --gpus 8x80 --ctx-size 131072 --parallel 4")
+    plan = memory_plan(model, gpus, ctx_size, parallel, layers=layers, experts=experts, token=token)
+    if as_json:
+        print(json.dumps(plan, indent=2))
+        return
+    g = plan["gpus"]
+    out = Console(highlight=False, soft_wrap=False, width=max(Console().width, 140))
+    out.print(f"{plan['model']} ({plan['architecture']}, {plan['source']}) on {g['count']} x {g['gib']:g} GiB: "
+              f"{plan['ctx_per_slot']} tokens per slot x {plan['parallel']} slot(s); per GPU under an even layer split, "
+              f"+{plan['cuda_overhead_mib']} MiB CUDA overhead, {plan['fit_margin_mib']} MiB kept free")
+    table = Table(show_edge=False, pad_edge=False)
+    for name, justify in (("quant", "left"), ("weights GiB", "right"), ("KV GiB", "right"), ("compute GiB", "right"),
+                          ("max/GPU GiB", "right"), ("fits", "left"), ("note", "left")):
+        table.add_column(name, justify=justify, overflow="fold")
+    for r in plan["rows"]:
+        table.add_row(r["label"], f"{r['weight_bytes'] / 2**30:.1f}", f"{r['kv_bytes'] / 2**30:.2f}",
+                      f"{r['compute_bytes'] / 2**30:.2f}", f"{r['max_device_bytes'] / 2**30:.1f}",
+                      "yes" if r["fits"] else "no", r["note"])
+    out.print(table)
+    for r in plan["rows"]:  # whole lines, never wrapped: they are meant to be pasted
+        if r["serve"]:
+            print(f"{r['label']}: {r['serve']}")
+    for r in plan["rows"]:
+        if r.get("llama_fit_mib"):
+            ours = {d["device"]: d for d in r["devices"]}
+            for dev, f in r["llama_fit_mib"].items():
+                if dev in ours:
+                    d = ours[dev]
+                    mine = (d["weights"], d["kv"], d["compute"])
+                elif dev == "Host":  # a host-only figure: the whole model on one device
+                    mine = (r["weight_bytes"], r["kv_bytes"], max(d["compute"] for d in r["devices"]))
+                else:
+                    continue
+                out.print(f"{r['label']} {dev}: llama-fit-params model {f['model']}, context {f['context']}, compute {f['compute']} MiB; "
+                          f"this plan {mine[0] / 2**20:.0f}, {mine[1] / 2**20:.0f}, {mine[2] / 2**20:.0f} MiB", markup=False)
+    for f in plan["findings"]:
+        out.print(f"[{ {'ok': 'ok  ', 'warn': 'warn', 'error': 'FAIL'}[f['level']] }] {f['text']}", markup=False)
 
 
 @app.command("fetch")

@@ -24,7 +24,8 @@ MARGIN_MIB = 1024  # free memory llama.cpp's --fit keeps per GPU by default
 
 TYPE_NOTES = {
     "MXFP4": "FP4 (MXFP4): no FP4 tensor cores before sm_100; llama.cpp dequantizes in its MMQ/MMVQ kernels on sm_80",
-    "NVFP4": "FP4 (NVFP4): no FP4 tensor cores before sm_100; dequantizing kernels on sm_80",
+    "NVFP4": "FP4 (NVFP4): no FP4 tensor cores before sm_100; this build runs them (CPU: vec_dot_nvfp4_q8_0; CUDA sm_80: "
+             "dequantizing int8 MMQ/MMVQ kernels)",
     "BF16": "BF16: native on sm_80",
     "F16": "F16: native",
     "Q8_0": "Q8_0: int8 dot products (dp4a / MMQ) on sm_80",
@@ -69,9 +70,11 @@ def coverage(gpu: GPU, archs: list[str]) -> Finding:
 
 
 def fit_estimate(model_path: str, ctx: int, *, gpu_layers: int, tensor_split: list[float] | None = None,
-                 env: dict[str, str] | None = None) -> dict[str, dict[str, int]]:
+                 env: dict[str, str] | None = None, parallel: int | None = None) -> dict[str, dict[str, int]]:
     """llama.cpp's own memory estimate, MiB per device: {"CUDA0": {"model":..,"context":..,"compute":..}, "Host": ...}."""
     args = [str(binary("llama-fit-params")), "-m", model_path, "-c", str(ctx), "--fit-print", "on", "-ngl", str(gpu_layers)]
+    if parallel:
+        args += ["-np", str(parallel)]
     if tensor_split:
         args += ["-ts", ",".join(f"{p:g}" for p in tensor_split)]
     result = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
@@ -98,6 +101,7 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
         note = TYPE_NOTES.get(name)
         if note and name in ("MXFP4", "NVFP4"):
             findings.append(Finding("ok", f"{count} {name} tensors: {note}"))
+    findings += [f for f in _nvfp4_findings(arch, files.tensor_types) if f.level != "ok"]
     trained = int(meta.get(f"{arch}.context_length") or 0)
     ctx = ctx or (min(trained, 16384) if trained else 16384)
     report: dict[str, Any] = {
@@ -190,3 +194,120 @@ def gather(model: str | None = None, ctx_size: int | None = None, rpc: str | Non
     report["findings"] = [dataclasses.asdict(f) for f in findings]
     report["suggestion"] = suggestion
     return report
+
+
+# --- memory plan (pyllm doctor MODEL --gpus 8x80) ----------------------------------------------
+
+NVFP4_NOTE = ("NVFP4 on this build: CPU ggml-cpu vec_dot_nvfp4_q8_0; CUDA sm_80 dequantizing int8 paths "
+              "(MMQ generic NVFP4 tiles, MMVQ vec_dot_nvfp4_q8_1); native FP4 only on sm_100+")
+
+
+def _source(model: str) -> str:
+    """"preset", "file" or "hub": a synth preset name, something on this disk (or fetched), else OWNER/NAME on a hub."""
+    from .errors import ModelNotFound
+    from .gguf_files import locate
+    from .synth import PRESETS
+
+    if model in PRESETS:
+        return "preset"
+    try:
+        locate(model)
+        return "file"
+    except ModelNotFound:
+        if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", model) and not model.endswith(".gguf"):
+            return "hub"  # OWNER/NAME; ./x.gguf or dir/x.gguf that do not exist stay "no such file"
+        raise
+
+
+def _nvfp4_findings(arch: str, types: dict[str, int]) -> list[Finding]:
+    count = types.get("NVFP4", 0)
+    if not count:
+        return []
+    out = [Finding("ok", f"{count} NVFP4 tensors: {NVFP4_NOTE}")]
+    from .synth import NVFP4_SCALED_ARCHS
+
+    if arch not in NVFP4_SCALED_ARCHS and arch != "llama":
+        out.append(Finding("error", f"{arch} at this llama.cpp pin never applies NVFP4's per-expert scale_2 (ffn_*_exps.scale): "
+                                    "the model would load and answer wrong; use an MXFP4 or Q8_0 GGUF of it"))
+    return out
+
+
+def hub_shapes(repo: str, *, token: str | None = None, revision: str | None = None) -> list:
+    """One memplan.Shape per GGUF shard set in a hub repo: sizes from the listing, hparams from shard 1's header."""
+    from .fetch import list_remote, quant_of, shard_sets
+    from .gguf_remote import remote_header
+    from .memplan import hub_shape
+
+    commit, files = list_remote(repo, revision=revision, token=token)
+    sizes = {f.path: f.size for f in files}
+    sets = shard_sets([f.path for f in files])
+    sets = {first: members for first, members in sets.items()
+            if not re.match(r"(mmproj|dspark-|mtp-)", first.rsplit("/", 1)[-1], re.IGNORECASE)}  # vision towers, draft sidecars
+    if not sets:
+        from .errors import RepoNotFound
+
+        raise RepoNotFound(f"{repo} holds no .gguf file: give a GGUF repo (e.g. unsloth/GLM-5-GGUF) or a preset name")
+    shapes = []
+    for first, members in sets.items():
+        header = remote_header(repo, first, revision=commit, token=token)
+        label = quant_of(first) or first.rsplit("/", 1)[-1].removesuffix(".gguf")
+        shapes.append(hub_shape(label, header.metadata, header.tensor_bytes, sum(sizes[m] for m in members),
+                                header.tensor_types, f"{repo}:{label}"))
+    return shapes
+
+
+def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: int | None = None, *,
+                layers: int | None = None, experts: int | None = None, token: str | None = None) -> dict[str, Any]:
+    """Per quantization: weights, KV at ctx x slots, compute, per-GPU total, fits, and a serve command that fits."""
+    from .errors import InvalidArgument
+    from .memplan import CUDA_OVERHEAD_MIB, FIT_MARGIN_MIB, local_shape, parse_gpus, plan_row, preset_shapes
+
+    spec = parse_gpus(gpus)
+    slots = 1 if parallel is None else parallel
+    if slots < 1:
+        raise InvalidArgument(f"--parallel {parallel}: must be at least 1 (request slots served at once)")
+    if ctx_size is not None and ctx_size < 1:
+        raise InvalidArgument(f"--ctx-size {ctx_size}: must be a positive number of tokens per slot (e.g. 131072)")
+    source = _source(model)
+    findings: list[Finding] = []
+    fit = None
+    if source == "preset":
+        shapes = preset_shapes(model, layers=layers, experts=experts)
+    elif source == "file":
+        if layers is not None or experts is not None:
+            raise InvalidArgument("--layers/--experts shape a preset; a file has its own (drop them)")
+        files = resolve_model(model, check_arch=False)
+        shapes = [local_shape(files)]
+    else:
+        shapes = hub_shapes(model, token=token)
+    first = shapes[0]
+    trained = int(first.get("context_length") or 0)
+    ctx = ctx_size or (min(trained, 16384) if trained else 16384)
+    model_arg = model if source != "hub" else None
+    rows = []
+    for shape in shapes:
+        # a preset's row names the file `pyllm synth MODEL -o MODEL-TYPE.gguf --type TYPE` writes
+        target = f"{model}-{shape.label}.gguf" if source == "preset" else (model_arg or shape.path)
+        row = plan_row(shape, target, spec, ctx, slots)
+        rows.append(row)
+        for f in _nvfp4_findings(shape.arch, shape.tensor_types):
+            findings.append(Finding(f.level, f"{shape.label}: {f.text}"))
+    if source == "file":
+        try:  # llama.cpp's own figure: on a CUDA build with these GPUs per device, else the host-only one
+            info = build_info()
+            gpus_here = visible_gpus()
+            if info.get("cuda") and len(gpus_here) >= spec.count:
+                fit = fit_estimate(str(shapes[0].path), ctx * slots, gpu_layers=999, tensor_split=[1.0] * spec.count, parallel=slots)
+            else:
+                fit = fit_estimate(str(shapes[0].path), ctx * slots, gpu_layers=0, parallel=slots,
+                                   env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+            rows[0].llama_fit_mib = fit
+        except Exception as exc:  # advice: say why it is missing
+            findings.append(Finding("warn", f"no llama-fit-params figure: {exc}"))
+    return {
+        "model": model, "source": source, "architecture": first.arch, "gpus": {"count": spec.count, "gib": spec.gib},
+        "ctx_per_slot": ctx, "parallel": slots, "ctx_total": ctx * slots, "context_train": trained,
+        "cuda_overhead_mib": CUDA_OVERHEAD_MIB, "fit_margin_mib": FIT_MARGIN_MIB,
+        "rows": [r.as_dict() for r in rows],
+        "findings": [dataclasses.asdict(f) for f in findings],
+    }

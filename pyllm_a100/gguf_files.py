@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,14 @@ def _read_gguf(path: Path) -> Header:
     try:
         header = read_header(path)
     except HeaderError as exc:
+        unknown = re.search(r"tensor '([^']*)' has invalid ggml type (\d+)", str(exc))
+        if unknown:  # e.g. NVFP4 (40) read by a llama.cpp older than the type: refuse before a long load fails
+            from .native import build_info
+
+            kind = {"39": "MXFP4", "40": "NVFP4"}.get(unknown[2], f"GGML type {unknown[2]}")
+            raise NotAGGUF(f"{path} holds {kind} tensors ({unknown[1]}, ...) that this build's llama.cpp "
+                           f"({build_info().get('llama_cpp_commit')}) cannot load: build the pinned or a newer llama.cpp "
+                           "(pip install -C cmake.define.PYLLM_LLAMA_CPP_SOURCE=...), or fetch another quantization") from exc
         raise TruncatedModel(f"{path} is truncated or corrupt ({size} bytes; {exc}): download it again (`pyllm fetch` resumes and verifies)") from exc
     if header.data_end > size:
         raise TruncatedModel(

@@ -32,7 +32,8 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
 def test_every_weight_type_writes_finite_values_and_loads(weight_type: str, tmp_path: Path) -> None:
     from pyllm_a100 import Llama
 
-    path = synth.synthesize("tiny-deepseek4", tmp_path / "m.gguf", weight_type=weight_type, seed=1).first
+    preset = "tiny-glm-dsa" if weight_type == "nvfp4-mix" else "tiny-deepseek4"  # deepseek4 ignores NVFP4's scales
+    path = synth.synthesize(preset, tmp_path / "m.gguf", weight_type=weight_type, seed=1).first
     reader = gguf.GGUFReader(path)
     from gguf.quants import dequantize
 
@@ -43,7 +44,7 @@ def test_every_weight_type_writes_finite_values_and_loads(weight_type: str, tmp_
         assert values.size and bool(abs(values).max() < 1e4) and not (values != values).any(), tensor.name
     expected = {"ud-q8-k-xl": {"MXFP4", "Q8_0", "F32", "I32"}, "q8_0": {"Q8_0", "F32", "I32"},
                 "q4_0": {"Q4_0", "F32", "I32"}, "f16": {"F16", "F32", "I32"}, "bf16": {"BF16", "F32", "I32"},
-                "f32": {"F32", "I32"}}[weight_type]
+                "f32": {"F32", "I32"}, "nvfp4-mix": {"NVFP4", "Q8_0", "F32"}}[weight_type]
     assert {t.tensor_type.name for t in reader.tensors} == expected
     llm = Llama(path, n_ctx=128, verbose=False)
     try:
