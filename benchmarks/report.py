@@ -223,7 +223,7 @@ cp OUT/gpu-bench.json benchmarks/results/gpu.json && python benchmarks/report.py
 # --- serving: concurrency and speculative decoding (issue 17) ---------------------------------
 
 GOAL_STREAMS, GOAL_RATIO = 16, 6.0  # issue 17: aggregate at 16 streams >= 6x one stream
-PROJECTION_KS = (1, 2, 3, 4, 5, 7, 11, 15)
+PROJECTION_KS = (1, 2, 3, 4, 5, 6, 7, 11, 15)
 
 
 def _source(name: str, d: dict) -> str:
@@ -241,7 +241,7 @@ def _slots_text(label: str, argv: list[str] | None) -> str:
         return f"`--parallel {n}`" + (" `--kv-unified` (one KV pool)" if label.endswith("u") else " (context split per slot)")
     if argv and "--parallel" in argv:
         return f"pyllm serve's default (`--parallel {argv[argv.index('--parallel') + 1]} --kv-unified`)"
-    return "pyllm serve's default (no `--parallel`: llama-server's 4 slots, one KV pool)"
+    return "no `--parallel`: llama-server's own 4 slots, one KV pool (pyllm serve's default when this ran)"
 
 
 def concurrency_part(name: str, d: dict) -> str:
@@ -269,6 +269,7 @@ stream back to back; every slot has {c['prompt'] + c['gen']}+ tokens of context.
         verdicts = ", ".join(f"{r['slots']} {r['scaling']:.2f}x ({'met' if r['scaling'] >= GOAL_RATIO else 'not met'})" for r in at_goal)
         out.append(f"\nAggregate at {GOAL_STREAMS} streams against one stream (goal >= {GOAL_RATIO:.0f}x): {verdicts}. "
                    f"Highest aggregate at {GOAL_STREAMS} streams: slots `{best['slots']}`, {best['aggregate_tps']:.1f} tokens/s.\n")
+    out.append(_concurrency_reading(c, d["phases"].get("verify")))
     failed = sum(r["failures"] for r in c["levels"])
     if failed:
         first = next(r["first_error"] for r in c["levels"] if r["first_error"])
@@ -276,13 +277,65 @@ stream back to back; every slot has {c['prompt'] + c['gen']}+ tokens of context.
     return "".join(out)
 
 
-def _projection(cost: dict, draft_ms_per_token: float) -> list[dict]:
+def _concurrency_reading(c: dict, verify: dict | None) -> str:
+    """Why the aggregate scales as it does, and what the chosen default gains, from the same run's figures."""
+    from pyllm_a100.server import DEFAULT_PARALLEL
+
+    out = []
+    rows = {(r["slots"], r["concurrency"]): r for r in c["levels"]}
+    runs = (verify or {}).get("runs") or {}
+    cost = runs.get("2 GPUs") or next(iter(runs.values()), None) if verify and verify.get("ok") else None
+    r16 = next((row["ratio"] for row in (cost or {}).get("rows", []) if row["k"] == GOAL_STREAMS), None)
+    if r16:
+        out.append(f"\nReading: one forward of {GOAL_STREAMS} tokens costs {r16:.2f}x one decode step (section 5's verify cost: "
+                   f"{GOAL_STREAMS} tokens route to up to {GOAL_STREAMS} times as many experts, each read from memory), so "
+                   f"{GOAL_STREAMS} streams can give at most {GOAL_STREAMS / r16:.1f}x one stream's decode on this model even "
+                   f"with nothing else in the batch; and every request's {c['prompt']}-token prompt is evaluated in the same "
+                   f"batches as the others' decode steps ({c['prompt']} prompt tokens per {c['gen']} generated), which the "
+                   "aggregate (generated tokens only) does not count.")
+    chosen = f"{DEFAULT_PARALLEL}u" if DEFAULT_PARALLEL else None
+    if "--parallel" in (c.get("servers") or {}).get("default", []):  # measured after the default changed: nothing to compare
+        return "".join(out) + ("\n" if out else "")
+    base, pick = rows.get(("default", GOAL_STREAMS)), rows.get((chosen, GOAL_STREAMS))
+    one_base, one_pick = rows.get(("default", 1)), rows.get((chosen, 1))
+    if base and pick and one_base and one_pick:
+        out.append(f"\n\npyllm serve's default is `--parallel {DEFAULT_PARALLEL} --kv-unified` (`{chosen}` above): at "
+                   f"{GOAL_STREAMS} streams {pick['aggregate_tps']:.0f} tokens/s aggregate against {base['aggregate_tps']:.0f} "
+                   f"with llama-server's own 4 slots ({pick['aggregate_tps'] / base['aggregate_tps']:.2f}x), TTFT p50 "
+                   f"{pick['ttft_p50_s']:.2f} s against {base['ttft_p50_s']:.2f} s (requests no longer queue behind 4 "
+                   f"slots), and one stream decodes as before ({one_pick['per_stream_tps']:.0f} against "
+                   f"{one_base['per_stream_tps']:.0f} tokens/s). One KV pool, so a single long conversation can still "
+                   "use the whole context.")
+    return "".join(out) + ("\n" if out else "")
+
+
+def _projection(cost: dict, per_token: float, per_step: float, decode_ms: float | None = None) -> list[dict]:
     from pyllm_a100.bench_spec import VerifyCost, projection
 
-    return projection(VerifyCost(**cost), draft_ms_per_token=draft_ms_per_token)
+    return projection(VerifyCost(**cost), draft_ms_per_token=per_token, draft_ms_per_step=per_step, decode_ms=decode_ms)
 
 
-def speculative_part(name: str, d: dict) -> str:
+def _projection_table(rows: list[dict]) -> str:
+    ks = [k for k in PROJECTION_KS if any(p["k"] == k for p in rows)]
+    out = [f"| acceptance a | {' | '.join(f'k = {k}' for k in ks)} | best k |\n| --- | {' | '.join('---' for _ in ks)} | --- |\n"]
+    for a in sorted({p["acceptance"] for p in rows}):
+        mine = [p for p in rows if p["acceptance"] == a]
+        best = max(mine, key=lambda p: p["speedup"])
+        cells = " | ".join(f"{next(p['speedup'] for p in mine if p['k'] == k):.2f}x" for k in ks)
+        out.append(f"| {a} | {cells} | {best['k']} ({best['speedup']:.2f}x) |\n")
+    return "".join(out)
+
+
+def _deep_decode(deep: dict | None) -> tuple[float, str] | None:
+    """The full-depth decode step measured by benchmarks/gpu.py's scale phase (2 GPUs, seed flags), if any."""
+    sc = ((deep or {}).get("phases") or {}).get("scale") or {}
+    run = (sc.get("runs") or {}).get("2 GPUs, seed flags") if sc.get("ok") else None
+    if not run or not run.get("decode_tps"):
+        return None
+    return 1000.0 / run["decode_tps"], f"{sc['model']} ({deep['settings']['scale_layers']} layers, {sc['experts']} experts)"
+
+
+def speculative_part(name: str, d: dict, deep: dict | None = None) -> str:
     v, sp = d["phases"].get("verify"), d["phases"].get("speculative")
     if v is None and sp is None:
         return ""
@@ -309,7 +362,8 @@ The bench's forward computes logits for its last token only; a verify step needs
             out.append(f"| {row['k']} | {cells} |\n")
         cost = runs[labels[-1]]
         cost_label = labels[-1]
-    draft_per_token, note = 0.0, "T_draft(k) = 0 (no draft run measured: an upper bound)"
+    per_token = per_step = 0.0
+    note = "T_draft(k) = 0 (no draft run measured: an upper bound)"
     if sp is not None and not sp.get("ok"):
         out.append(f"\nDraft run: the phase failed ({sp.get('error')}).\n")
     elif sp is not None and sp.get("skipped"):
@@ -343,15 +397,20 @@ tokens - accepted - 1 per request (the first token comes from the prompt).
             note = (f"T_draft(k) = 0 (an upper bound: the draft run served {sp['model']}, not the {v['model']} whose "
                     "verify cost is above)")
         elif cost is not None and mean_k >= 1:
-            from pyllm_a100.bench_spec import VerifyCost, draft_ms_per_token
+            from pyllm_a100.bench_spec import VerifyCost, draft_ms_per_step
 
             k_run = round(mean_k)
-            draft_per_token = draft_ms_per_token(r["overhead_ms"], VerifyCost(**cost), k_run)
-            note = (f"T_draft(k) = k x {draft_per_token:.3f} ms: the measured overhead per step minus the extra verify cost "
-                    f"T_verify({k_run + 1}) - T_decode, over the {k_run} drafted tokens")
+            own = draft_ms_per_step(r["overhead_ms"], VerifyCost(**cost), k_run)
+            if any(t in r["draft_args"] for t in ("draft-dspark", "draft-dflash")):
+                per_step = own
+                note = (f"T_draft(k) = {own:.3f} ms whatever k: the measured overhead per step minus the extra verify cost "
+                        f"T_verify({k_run + 1}) - T_decode; a DSpark/DFlash draft proposes its whole block in one pass "
+                        "(common/speculative.cpp), so its cost does not grow with k")
+            else:
+                per_token = own / k_run
+                note = (f"T_draft(k) = k x {per_token:.3f} ms: the measured overhead per step minus the extra verify cost "
+                        f"T_verify({k_run + 1}) - T_decode, over the {k_run} drafted tokens")
     if cost is not None:
-        rows = _projection(cost, draft_per_token)
-        ks = [k for k in PROJECTION_KS if any(p["k"] == k for p in rows)]
         out.append(f"""
 **Projection, not a measurement** ({cost_label}): the speed-up a draft with acceptance a would give, built from the
 measured costs above:
@@ -361,21 +420,26 @@ measured costs above:
 
 T_decode = {cost['decode_ms']:.3f} ms, T_verify(k+1) = the measured forward of k+1 tokens, {note}.
 
-| acceptance a | {' | '.join(f'k = {k}' for k in ks)} | best k |
-| --- | {' | '.join('---' for _ in ks)} | --- |
 """)
-        for a in sorted({p["acceptance"] for p in rows}):
-            mine = [p for p in rows if p["acceptance"] == a]
-            best = max(mine, key=lambda p: p["speedup"])
-            cells = " | ".join(f"{next(p['speedup'] for p in mine if p['k'] == k):.2f}x" for k in ks)
-            out.append(f"| {a} | {cells} | {best['k']} ({best['speedup']:.2f}x) |\n")
+        out.append(_projection_table(_projection(cost, per_token, per_step)))
+        deep_decode = _deep_decode(deep) if name == "GPU" else None
+        if deep_decode:
+            ms, label = deep_decode
+            out.append(f"""
+The same projection at full depth: {label} decodes at {ms:.2f} ms per step on 2 GPUs
+(section 3). Assumed: each verify forward keeps its measured ratio to the decode step
+(T_verify(k+1) = ratio(k+1) x {ms:.2f} ms: the layers repeat), the draft's own cost stays as measured
+(it does not depend on the target's depth). Also a projection:
+
+""")
+            out.append(_projection_table(_projection(cost, per_token, per_step, decode_ms=ms)))
     return "".join(out)
 
 
-def serving_sections(gpu: dict | None, cpu: dict | None) -> str:
+def serving_sections(gpu: dict | None, cpu: dict | None, deep: dict | None = None) -> str:
     sources = [(n, d) for n, d in (("GPU", gpu), ("CPU", cpu)) if d is not None]
     conc = "".join(concurrency_part(n, d) for n, d in sources)
-    spec = "".join(speculative_part(n, d) for n, d in sources)
+    spec = "".join(speculative_part(n, d, deep) for n, d in sources)
     gpu_missing = "" if gpu is not None else ("\nGPU: not measured yet (`benchmarks/gpu.py --phases concurrency,verify,speculative "
                                               "--results gpu-serving-bench.json` on the GPU machine).\n")
     return f"""
@@ -404,7 +468,7 @@ Generated by `python benchmarks/report.py` from `benchmarks/results/*.json` (do 
 hand; `benchmarks/run.py` measures the CPU side, `benchmarks/gpu.py` the GPU side).
 
 {cpu_section(cpu)}
-{gpu_section(gpu)}{serving_sections(serving_gpu, serving_cpu)}"""
+{gpu_section(gpu)}{serving_sections(serving_gpu, serving_cpu, gpu)}"""
 
 
 def main() -> int:

@@ -195,25 +195,35 @@ def expected_tokens(a: float, k: int) -> float:
     return float(k + 1) if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
 
 
-def projection(cost: VerifyCost, *, acceptances: Sequence[float] = (0.5, 0.7, 0.9), draft_ms_per_token: float = 0.0
-               ) -> list[dict[str, Any]]:
+def projection(cost: VerifyCost, *, acceptances: Sequence[float] = (0.5, 0.7, 0.9), draft_ms_per_token: float = 0.0,
+               draft_ms_per_step: float = 0.0, decode_ms: float | None = None) -> list[dict[str, Any]]:
     """Speedup per acceptance a and draft length k, for every k whose k+1 verify forward was measured.
 
-    ``draft_ms_per_token``: the draft's cost per drafted token (T_draft(k) = k x it), from a draft run.
+    ``draft_ms_per_token``: a draft that costs per drafted token (a small model: T_draft(k) = k x it);
+    ``draft_ms_per_step``: a draft that proposes its whole block in one pass (DSpark/DFlash: T_draft(k) = it,
+    whatever k). ``decode_ms``: project onto a deeper model whose decode step was measured apart, keeping
+    each k's measured ratio T_verify(k) / T_decode (the verify forwards scale like the decode step).
     """
+    t_decode = cost.decode_ms if decode_ms is None else decode_ms
     rows = []
     for a in acceptances:
         for k in sorted(r["k"] - 1 for r in cost.rows if r["k"] >= 2):
-            step = cost.ms(k + 1) + k * draft_ms_per_token
+            verify = cost.ms(k + 1) * t_decode / cost.decode_ms
+            step = verify + k * draft_ms_per_token + draft_ms_per_step
             rows.append({"acceptance": a, "k": k, "expected_tokens": expected_tokens(a, k), "step_ms": step,
-                         "speedup": expected_tokens(a, k) * cost.decode_ms / step})
+                         "speedup": expected_tokens(a, k) * t_decode / step})
     return rows
 
 
 def draft_ms_per_token(overhead_ms: float, cost: VerifyCost, k: int) -> float:
     """The draft's own cost per drafted token: a draft run's overhead per step (``DraftRun.overhead_ms``) minus
     the extra verify cost (T_verify(k+1) - T_decode from llama-bench), over k drafted tokens; never below 0."""
+    return draft_ms_per_step(overhead_ms, cost, k) / k if k >= 1 else 0.0
+
+
+def draft_ms_per_step(overhead_ms: float, cost: VerifyCost, k: int) -> float:
+    """The draft's own cost per step: the overhead per step minus the extra verify cost; never below 0."""
     verify = cost.ms(k + 1)
     if verify is None or k < 1:
         return 0.0
-    return max(0.0, overhead_ms - (verify - cost.decode_ms)) / k
+    return max(0.0, overhead_ms - (verify - cost.decode_ms))

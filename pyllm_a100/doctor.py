@@ -19,6 +19,8 @@ from .gguf_files import resolve_model
 from .gpus import GPU, driver, visible_gpus
 from .native import binary, build_info
 from .roofline import weights_per_token
+from .server import DEFAULT_PARALLEL
+from .slots import kv_bytes_per_token, suggest
 
 MARGIN_MIB = 1024  # free memory llama.cpp's --fit keeps per GPU by default
 
@@ -125,7 +127,7 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
         suggestion = f"pyllm serve {files.first} --ctx-size {ctx}"
         return report, findings, suggestion
     split = [1.0] * len(gpus)
-    per_device = fit_estimate(str(files.first), ctx, gpu_layers=999, tensor_split=split)
+    per_device = fit_estimate(str(files.first), ctx, gpu_layers=999, tensor_split=split, parallel=DEFAULT_PARALLEL)
     report["estimate_gpu_mib"] = per_device
     over = []
     for gpu in gpus:
@@ -152,7 +154,22 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
         suggestion = f"pyllm serve {files.first} --tensor-split {split_text} --ctx-size {max(2048, ctx // 4)}  # smaller context; llama.cpp --fit keeps the rest in RAM"
     else:
         suggestion = f"pyllm serve {files.first} --tensor-split {split_text} --ctx-size {ctx}"
+        findings.append(_slots_finding(report, per_device, gpus, context_mib, ctx))
     return report, findings, suggestion
+
+
+def _slots_finding(report: dict[str, Any], per_device: dict[str, dict[str, int]], gpus: list[GPU], context_mib: float,
+                   ctx: int) -> Finding:
+    """How many slots could each hold the whole context, with the memory the suggested server leaves free."""
+    need = sum(sum(parts.values()) for device, parts in per_device.items() if device.startswith("CUDA"))
+    pool = sum(parts.get("context", 0) for device, parts in per_device.items() if device.startswith("CUDA"))
+    free_mib = sum(g.memory_free // 2**20 for g in gpus) - need - MARGIN_MIB * len(gpus) + pool
+    plan = suggest(kv_bytes_per_token(int(context_mib * 2**20), ctx), ctx, max(0, free_mib) * 2**20, wanted=DEFAULT_PARALLEL)
+    report["slots"] = dataclasses.asdict(plan)
+    per_slot = context_mib / 1024
+    return Finding("ok", f"request slots: pyllm serve runs {DEFAULT_PARALLEL} sharing one {ctx}-token KV pool; "
+                         f"{plan.slots} slot(s) of {ctx} tokens each fit the memory left ({per_slot:.2f} GiB of KV per slot): "
+                         f"add --parallel {plan.slots} --ctx-size {plan.ctx_size} for that")
 
 
 def rpc_report(spec: str) -> list[dict[str, Any]]:

@@ -93,11 +93,14 @@ def test_bench_starts_one_server_per_parallel_value(tiny_deepseek4: Path) -> Non
         ("default", 1), ("default", 2), ("2", 1), ("2", 2), ("2u", 1), ("2u", 2)]
     assert all(r["failures"] == 0 and r["aggregate_tps"] > 0 for r in report["levels"])
     argv = report["servers"]
-    assert "--parallel" not in argv["default"]
+    from pyllm_a100.server import DEFAULT_PARALLEL
+
+    default = argv["default"]
+    assert default[default.index("--parallel") + 1] == str(DEFAULT_PARALLEL) and "--kv-unified" in default
     two, unified = argv["2"], argv["2u"]
     assert two[two.index("--parallel") + 1] == "2" and "--kv-unified" not in two
     assert unified[unified.index("--parallel") + 1] == "2" and "--kv-unified" in unified
-    per_slot = int(argv["default"][argv["default"].index("--ctx-size") + 1]) // 4
+    per_slot = int(default[default.index("--ctx-size") + 1]) // DEFAULT_PARALLEL
     assert per_slot >= 40 and int(two[two.index("--ctx-size") + 1]) == 2 * per_slot, "every slot gets the same context"
 
 
