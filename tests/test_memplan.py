@@ -245,3 +245,22 @@ def test_a_tensor_type_unknown_to_the_build_is_refused_before_llama_cpp_starts(t
         result = run_pyllm(*args, timeout=60)
         assert result.returncode == 1 and "GGML type 99" in result.stderr and "token_embd.weight" in result.stderr, result.stderr
         assert "truncated" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_estimate_is_within_ten_percent_of_the_gpu_run() -> None:
+    """Issue 18's criterion on the committed 2x H200 run of the real-shape GLM-5 (scripts/gpu-check --only glm5):
+    the estimate for the same file, context and slots against NVML's used memory per GPU."""
+    import json
+
+    from pyllm_a100 import memplan
+
+    run = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results" / "gpu-check-2026-11-30-glm5.json")
+                     .read_text())["steps"]["glm5"]["result"]
+    m = run["model"]
+    shape = next(s for s in memplan.preset_shapes(m["preset"], layers=m["layers"], experts=m["experts"]) if s.label == m["type"])
+    assert shape.weight_bytes == pytest.approx(m["bytes"], rel=0.01), "the plan is of the file that was served"
+    result = memplan.estimate_vs_buffers(shape, memplan.buffers_from_run(run["buffers_mib"]), run["ctx_size"] // run["parallel"],
+                                         run["parallel"], 2, used_mib=run["memory_used_by_server_mib"])
+    gpus = [d for d in result["devices"] if d["device"].startswith("CUDA")]
+    assert len(gpus) == 2 and result["worst_error_pct"] is not None and result["worst_error_pct"] <= 10
+    assert all(abs(d["error_pct"]["weights"]) < 0.5 and abs(d["error_pct"]["kv"]) < 0.5 for d in gpus)
