@@ -299,6 +299,9 @@ def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: in
         shapes = hub_shapes(model, token=token)
     first = shapes[0]
     trained = int(first.get("context_length") or 0)
+    if ctx_size and trained and ctx_size > trained:
+        raise InvalidArgument(f"--ctx-size {ctx_size}: more than {model}'s trained context ({trained} tokens per sequence); "
+                              f"plan for at most {trained}")
     ctx = ctx_size or (min(trained, 16384) if trained else 16384)
     model_arg = model if source != "hub" else None
     rows = []

@@ -317,9 +317,13 @@ def plan_row(shape: Shape, model_arg: str, gpus: GpuSpec, ctx: int, slots: int, 
                 serve = serve_command(model_arg, gpus, smaller, slots)
                 note = f"fits with {smaller} tokens per slot, not {ctx}"
                 break
-        if serve is None:
+        room = budget - CUDA_OVERHEAD_MIB * MIB
+        if serve is None and room <= 0:
+            note = (f"a {gpus.gib:g} GiB GPU holds nothing: llama.cpp keeps {FIT_MARGIN_MIB} MiB free and CUDA takes "
+                    f"about {CUDA_OVERHEAD_MIB} MiB")
+        elif serve is None:
             need = shape.weight_bytes - shape.input_bytes
-            at_least = math.ceil(need / max(budget - CUDA_OVERHEAD_MIB * MIB, 1))
+            at_least = math.ceil(need / room)
             note = f"weights alone need {need / GIB:.0f} GiB: at least {at_least} GPUs of {gpus.gib:g} GiB"
     return Row(
         label=shape.label, weight_bytes=shape.weight_bytes, host_bytes=shape.input_bytes,

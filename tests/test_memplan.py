@@ -55,9 +55,16 @@ def test_deepseek_v4_flash_plan_counts_its_compressed_caches() -> None:
 
 
 def test_a_model_that_does_not_fit_at_the_context_gets_a_smaller_one() -> None:
-    plan = plan_json("glm-5", "--gpus", "8x80", "--ctx-size", "1048576", "--parallel", "4")
+    plan = plan_json("glm-5", "--gpus", "8x80", "--ctx-size", "202752", "--parallel", "16")
     ud = {r["label"]: r for r in plan["rows"]}["ud-q8-k-xl"]
-    assert not ud["fits"] and ud["serve"] and "tokens per slot, not 1048576" in ud["note"]
+    assert not ud["fits"] and ud["serve"] and "tokens per slot, not 202752" in ud["note"]
+
+
+def test_more_than_the_trained_context_and_gpus_too_small_for_anything_are_said() -> None:
+    over = run_pyllm("doctor", "glm-5", "--gpus", "8x80", "--ctx-size", "1048576")
+    assert over.returncode == 1 and over.stderr.count("\n") == 1 and "trained context (202752" in over.stderr
+    tiny = {r["label"]: r for r in plan_json("tiny-glm-dsa", "--gpus", "2x1")["rows"]}["f16"]
+    assert not tiny["fits"] and "a 1 GiB GPU holds nothing" in tiny["note"]
 
 
 @pytest.mark.parametrize("bad", ["8x", "x80", "0x80", "8x0", "abc", "8x80x2", "-1x80"])
