@@ -554,7 +554,7 @@ _FP4_MIDPOINTS = (_FP4_LEVELS[1:] + _FP4_LEVELS[:-1]) / 2
 def quantize_nvfp4(values: np.ndarray) -> np.ndarray:
     """float32 values (a multiple of 64) -> NVFP4 blocks (n, 36) uint8, as ggml-quants.c quantize_row_nvfp4_ref.
 
-    The ``gguf`` package (0.19.0) decodes NVFP4 but raises NotImplementedError to encode it. Per 16-value
+    The ``gguf`` package (0.19.0) decodes NVFP4 but refuses to encode it. Per 16-value
     sub-block: UE4M3 scale of amax / 6, then each value's nearest of kvalues_mxfp4 * scale (ties to the lower
     index, as best_index_mxfp4's first minimum; -0 is never chosen).
     """
