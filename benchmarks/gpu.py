@@ -328,7 +328,7 @@ def speculative(models: Path, args) -> dict:
     run = bs.draft_run(model, draft_args, prompt_tokens=args.serving_prompt, gen_tokens=args.spec_gen,
                        requests=args.serving_repeat, log_dir=LOGS, ready_timeout=900, **two_gpus(args))
     print(f"   acceptance {run.acceptance:.3f} ({run.accepted}/{run.drafted}), step {run.plain_step_ms:.3f} -> "
-          f"{run.draft_step_ms:.3f} ms, same text: {run.same_text}", flush=True)
+          f"{run.draft_step_ms:.3f} ms, same tokens: {run.same_tokens} (first differences {run.first_difference})", flush=True)
     return {"model": model.name, "draft": kind, "draft_n_max": DRAFT_N_MAX, "gpus": 0 if args.cpu else 2,
             "prompt": args.serving_prompt, "gen": args.spec_gen, "run": run.as_row()}
 

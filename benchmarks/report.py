@@ -388,7 +388,7 @@ draft, one slot. {reading}
 | decode tokens/s (llama-server) | {r['plain_decode_tps']:.1f} | {r['draft_decode_tps']:.1f} |
 | ms per step | {r['plain_step_ms']:.3f} | {r['draft_step_ms']:.3f} |
 | drafted / accepted tokens | - | {r['drafted']} / {r['accepted']} (mean {mean_k:.2f} drafted per step) |
-| same text | | {'yes' if r['same_text'] else 'NO'} |
+| same tokens as without | | {'yes' if r.get('same_tokens', r.get('same_text')) else 'NO (see docs/speculative.md, Exactness)'} |
 
 Overhead per step: {r['overhead_ms']:+.3f} ms ({r['draft_step_ms'] / r['plain_step_ms']:.2f}x a plain step). Steps = generated
 tokens - accepted - 1 per request (the first token comes from the prompt).

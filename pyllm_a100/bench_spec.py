@@ -126,25 +126,27 @@ class DraftRun:
     plain_step_ms: float  # one decode step without the draft
     draft_step_ms: float  # one draft + verify step
     overhead_ms: float  # draft_step_ms - plain_step_ms
-    same_text: bool  # temperature 0: a correct speculative path gives the same tokens
+    same_tokens: bool  # temperature 0: the same token ids, up to batch-dependent rounding (docs/speculative.md)
+    first_difference: list[int | None]  # per request: the first token index where the two runs part (None: equal)
 
     def as_row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def _series(url: str, prompts: list[list[int]], gen_tokens: int) -> list[tuple[dict, str]]:
-    out = []
-    fresh = httpx.Limits(max_keepalive_connections=0)
-    with httpx.Client(limits=fresh) as client:
+def _series(url: str, prompts: list[list[int]], gen_tokens: int) -> list[tuple[dict, list[int]]]:
+    """(timings, token ids) of one greedy completion per prompt, after an uncounted warm-up."""
+    from .spec_check import greedy
+
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0)) as client:
         _check(client, url)
         _stream(client, url, prompts[0][:8], 8)  # warm-up, not counted
-        for p in prompts:
-            body = {"prompt": p, "n_predict": gen_tokens, "ignore_eos": True, "cache_prompt": False, "temperature": 0}
-            response = client.post(url + "/completion", json=body, timeout=None)
-            if response.status_code != 200:
-                raise BenchError(f"{url}/completion answered HTTP {response.status_code}: {response.text[:200]}")
-            data = response.json()
-            out.append((data.get("timings") or {}, data.get("content", "")))
+    out = []
+    for p in prompts:
+        try:
+            tokens, timings = greedy(url, p, gen_tokens)
+        except httpx.HTTPStatusError as exc:
+            raise BenchError(f"{url}/completion answered HTTP {exc.response.status_code}: {exc.response.text[:200]}") from exc
+        out.append((timings, tokens))
     return out
 
 
@@ -157,7 +159,7 @@ def draft_run(model: str | os.PathLike[str], draft_args: Sequence[str], *, promp
         raise BenchError("--spec-args: give the draft's llama-server arguments, e.g. '-md draft.gguf --spec-type draft-simple'")
     extra = list(server_options.pop("extra_args", ()))
     ctx = max(4096, prompt_tokens + gen_tokens + 256)
-    results: dict[str, list[tuple[dict, str]]] = {}
+    results: dict[str, list[tuple[dict, list[int]]]] = {}
     prompts: list[list[int]] = []
     for side, args in (("plain", extra), ("draft", extra + list(draft_args))):
         log_path = log_dir / f"spec-{side}.log" if log_dir else None
@@ -182,7 +184,9 @@ def draft_run(model: str | os.PathLike[str], draft_args: Sequence[str], *, promp
         draft_decode_tps=statistics.median(float(t.get("predicted_per_second", 0.0)) for t in draft),
         drafted=drafted, accepted=accepted, acceptance=accepted / drafted if drafted else 0.0, steps=steps,
         plain_step_ms=plain_step, draft_step_ms=draft_step, overhead_ms=draft_step - plain_step,
-        same_text=[c for _, c in results["plain"]] == [c for _, c in results["draft"]])
+        same_tokens=all(a == b for (_, a), (_, b) in zip(results["plain"], results["draft"])),
+        first_difference=[next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+                          for (_, a), (_, b) in zip(results["plain"], results["draft"])])
 
 
 # --- projection ---------------------------------------------------------------------------

@@ -557,7 +557,7 @@ def bench_cmd(
             print(json.dumps(run.as_row(), indent=2))
             return
         print(f"draft: {' '.join(run.draft_args)}")
-        print(f"acceptance {run.acceptance:.3f} ({run.accepted} of {run.drafted} drafted tokens), same text as without: {run.same_text}")
+        print(f"acceptance {run.acceptance:.3f} ({run.accepted} of {run.drafted} drafted tokens), same tokens as without: {run.same_tokens}")
         print(f"step: {run.plain_step_ms:.3f} ms without the draft, {run.draft_step_ms:.3f} ms with it "
               f"(overhead {run.overhead_ms:+.3f} ms per step); decode {run.plain_decode_tps:.1f} -> {run.draft_decode_tps:.1f} tokens/s")
         return
