@@ -220,8 +220,15 @@ def run(
     except (KeyboardInterrupt, _Terminate):
         return 0
     finally:
-        server.stop()
-        signal.signal(signal.SIGTERM, previous)
+        # a second SIGTERM or Ctrl-C while llama-server is being stopped must not cut the stop short with a
+        # traceback (systemd, `timeout`, an impatient operator): the stop is bounded (TERM, then KILL)
+        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            server.stop()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
         if state.read_state(directory / state.STATE).get("status") != "failed":
             with contextlib.suppress(OSError):
                 (directory / state.STATE).unlink()

@@ -130,6 +130,20 @@ def test_signal_to_pyllm_leaves_no_llama_server(tiny_deepseek4: Path, sig: signa
     assert not child.is_running()
 
 
+def test_a_second_signal_while_stopping_is_no_traceback(tiny_deepseek4: Path) -> None:
+    """systemd or `timeout` may signal twice: the second TERM/INT lands while llama-server is being stopped."""
+    proc, child = _start_foreground(tiny_deepseek4)
+    child.suspend()  # a stopped llama-server takes the whole TERM wait before the KILL: the window stays open
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=40) == 0
+    assert "Traceback" not in proc.stderr.read()
+    gone, alive = psutil.wait_procs([child], timeout=10)
+    assert child in gone and not alive
+
+
 def test_pyllm_killed_with_sigkill_takes_llama_server_along(tiny_deepseek4: Path) -> None:
     proc, child = _start_foreground(tiny_deepseek4)
     proc.kill()
