@@ -75,6 +75,15 @@ def detect(files: ModelFiles) -> str:
     return "draft-mtp" if has_nextn(files) else "draft-simple"
 
 
+def refuse_as_model(files: ModelFiles) -> None:
+    """A DSpark/DFlash/EAGLE3 head or an MTP-only file cannot be served on its own: say which model it belongs with."""
+    if files.architecture in ("dflash", "eagle3") or (has_nextn(files) and _trunk(files) == 0) or (
+            has_nextn(files) and "blk.0.attn_norm.weight" not in files.tensor_bytes):
+        kind = detect(files) if files.architecture != "eagle3" else "draft-eagle3"
+        raise DraftError(f"{files.first.name} is a speculative-decoding draft ({kind}), not a model: serve its model "
+                         f"and add --draft {files.first}")
+
+
 def _vocab(files: ModelFiles) -> tuple:
     m = files.metadata
     return (files.n_vocab, m.get("tokenizer.ggml.model"), m.get("tokenizer.ggml.pre"),

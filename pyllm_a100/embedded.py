@@ -78,6 +78,9 @@ class Llama(_llama_cpp.Llama):
         if n_gpu_layers is not None and n_gpu_layers < -1:
             raise InvalidArgument(f"--n-gpu-layers {n_gpu_layers}: give 0 (CPU only), a number of layers or -1 (all)")
         self.model_files: ModelFiles = resolve_model(model_path)
+        from .drafts import refuse_as_model
+
+        refuse_as_model(self.model_files)
         self.last_generation = GenerationStats()
         if n_gpu_layers is None:
             n_gpu_layers = default_gpu_layers()

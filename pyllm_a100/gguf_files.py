@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .fetch import resolve_name
+from .fetch import is_sidecar, resolve_name
 from .gguf_header import Header, HeaderError, read_header
 from .shards import SHARD_RE, group_sets, set_members, shard_name
 from .errors import (
@@ -100,6 +100,8 @@ def _pick_from(candidates: list[Path], spec: str, folder: Path | None = None) ->
     if not ggufs:
         raise ModelNotFound(f"{spec} holds no .gguf file: give a .gguf file, shard 1 of a set, or fetch one with `pyllm fetch`")
     sets = group_sets(ggufs)
+    models = {first: members for first, members in sets.items() if not is_sidecar(first)}
+    sets = models or sets  # draft sidecars (dspark-*, mtp-*) beside a model are --draft's, not a second model
     if len(sets) > 1:
         if below:
             names = ", ".join(str(min(m).relative_to(folder)) for m in sets.values())

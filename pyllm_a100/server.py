@@ -188,6 +188,9 @@ def make_config(
         endpoints = rpc_module.parse_endpoints(rpc) if isinstance(rpc, str) else list(rpc)
     # 2. the model files
     files = model if isinstance(model, ModelFiles) else resolve_model(model)
+    from .drafts import refuse_as_model
+
+    refuse_as_model(files)
     if split_mode == "tensor" and files.architecture == "deepseek4":
         raise ServerConfigError("--split-mode tensor does not support deepseek4 in this llama.cpp: use layer (the default)")
     if draft_max is not None and draft is None:

@@ -319,3 +319,26 @@ def test_in_process_refuses_dspark_and_mtp_drafts_in_one_line(tiny_models: dict[
         with pytest.raises(InProcessUnsupported, match="pyllm serve MODEL --draft") as caught:
             Llama(tiny_models["tiny-deepseek4"], draft=str(draft_models[name]))
         assert "\n" not in str(caught.value)
+
+
+def test_a_draft_given_as_the_model_is_refused_in_one_line(draft_models: dict[str, Path]) -> None:
+    for name in ("tiny-deepseek4-dspark", "tiny-glm-dsa-mtp"):
+        for command in (["serve", str(draft_models[name]), "--port", "0"], ["generate", str(draft_models[name]), "hi"]):
+            result = run_pyllm(*command, timeout=60)
+            assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+            assert "is a speculative-decoding draft" in result.stderr and f"--draft {draft_models[name]}" in result.stderr
+
+
+def test_a_folder_with_a_model_and_its_sidecar_serves_the_model(draft_models: dict[str, Path], tiny_models: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
+    """What `pyllm fetch --local-dir D --draft` leaves: D/model.gguf and D/dspark-model.gguf; `serve D` means the model."""
+    from pyllm_a100.gguf_files import locate
+
+    (tmp_path / "model.gguf").symlink_to(tiny_models["tiny-deepseek4"])
+    (tmp_path / "dspark-model.gguf").symlink_to(draft_models["tiny-deepseek4-dspark"])
+    assert locate(tmp_path) == tmp_path / "model.gguf"
+    only_draft = tmp_path / "alone"
+    only_draft.mkdir()
+    (only_draft / "dspark-model.gguf").symlink_to(draft_models["tiny-deepseek4-dspark"])
+    result = run_pyllm("serve", str(only_draft), "--port", "0", timeout=60)
+    assert result.returncode == 1 and "is a speculative-decoding draft" in result.stderr, result.stderr
