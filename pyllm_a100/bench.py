@@ -72,23 +72,39 @@ def sse_data(response: httpx.Response):
         yield buffer[6:].rstrip("\r")
 
 
-def _one(client: httpx.Client, url: str, prompt: list[int], gen: int) -> tuple[dict, float]:
-    """One streamed completion: (llama-server's timings, seconds to the first token)."""
+@dataclasses.dataclass
+class Streamed:
+    timings: dict  # llama-server's timings of the request (its final chunk)
+    ttft_s: float  # seconds to the first streamed content
+
+
+def stream_completion(client: httpx.Client, url: str, prompt: list[int], gen: int) -> Streamed:
+    """One streamed completion of ``gen`` tokens (EOS ignored, no prompt cache) -- every bench request."""
     started = time.perf_counter()
     first = None
     timings: dict = {}
-    body = {"prompt": prompt, "n_predict": gen, "ignore_eos": True, "cache_prompt": False, "temperature": 0,
-            "stream": True}
+    body = {"prompt": prompt, "n_predict": gen, "ignore_eos": True, "cache_prompt": False, "temperature": 0, "stream": True}
     with client.stream("POST", url + "/completion", json=body, timeout=None) as response:
         if response.status_code != 200:
             raise BenchError(f"{url}/completion answered HTTP {response.status_code}: {response.read()[:200]!r}")
         for data in sse_data(response):
             chunk = json.loads(data)
-            if first is None and chunk.get("content") is not None:
+            if first is None and (chunk.get("content") or not chunk.get("stop")):
                 first = time.perf_counter() - started
             if chunk.get("stop"):
                 timings = chunk.get("timings") or {}
-    return timings, first if first is not None else time.perf_counter() - started
+    if not timings:
+        raise BenchError("the stream ended without llama-server's final chunk (timings)")
+    return Streamed(timings, first if first is not None else time.perf_counter() - started)
+
+
+def check_ready(client: httpx.Client, url: str) -> None:
+    """One line when ``url`` is not a ready llama-server."""
+    try:
+        if client.get(url + "/health", timeout=10).status_code != 200:
+            raise BenchError(f"{url} is not ready (/health is not 200): wait for the load to finish")
+    except httpx.HTTPError as exc:
+        raise BenchError(f"{url} does not answer ({type(exc).__name__}): start a server (pyllm serve) or check --url") from exc
 
 
 def run(url: str, *, prompt_tokens: int = 512, gen_tokens: int = 128, concurrency: int = 1, repeat: int = 3,
@@ -101,19 +117,15 @@ def run(url: str, *, prompt_tokens: int = 512, gen_tokens: int = 128, concurrenc
     # llama-server closes a connection after a streamed reply: one connection per request.
     fresh = httpx.Limits(max_keepalive_connections=0)
     with httpx.Client(headers=headers, limits=fresh) as client:
-        try:
-            if client.get(url + "/health", timeout=10).status_code != 200:
-                raise BenchError(f"{url} is not ready (/health is not 200): wait for the load to finish")
-        except httpx.HTTPError as exc:
-            raise BenchError(f"{url} does not answer ({type(exc).__name__}): start a server (pyllm serve) or check --url") from exc
+        check_ready(client, url)
         n_vocab = _vocab_size(client, url)
         rng = random.Random(seed)
 
         def prompt() -> list[int]:
             return [rng.randrange(10, max(11, n_vocab - 1)) for _ in range(prompt_tokens)]
 
-        _one(client, url, prompt(), min(gen_tokens, 8))  # warm-up: first-use costs (JIT, allocations) stay out
-        results: list[tuple[dict, float]] = []
+        stream_completion(client, url, prompt(), min(gen_tokens, 8))  # warm-up: first-use costs (JIT, allocations) stay out
+        results: list[Streamed] = []
         errors: list[BaseException] = []
         lock = threading.Lock()
         prompts = [[prompt() for _ in range(repeat)] for _ in range(concurrency)]
@@ -122,7 +134,7 @@ def run(url: str, *, prompt_tokens: int = 512, gen_tokens: int = 128, concurrenc
             with httpx.Client(headers=headers, limits=fresh) as own:
                 for p in prompts[i]:
                     try:
-                        out = _one(own, url, p, gen_tokens)
+                        out = stream_completion(own, url, p, gen_tokens)
                     except BaseException as exc:  # collected and raised below
                         errors.append(exc)
                         return
@@ -138,12 +150,12 @@ def run(url: str, *, prompt_tokens: int = 512, gen_tokens: int = 128, concurrenc
         wall = time.perf_counter() - started
     if errors:
         raise BenchError(f"{len(errors)} request(s) failed: {errors[0]}")
-    generated = sum(t.get("predicted_n", 0) for t, _ in results)
+    generated = sum(r.timings.get("predicted_n", 0) for r in results)
     return BenchResult(
         url=url, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, concurrency=concurrency, requests=len(results),
-        prefill_tps=statistics.median(t.get("prompt_per_second", 0.0) for t, _ in results),
-        decode_tps=statistics.median(t.get("predicted_per_second", 0.0) for t, _ in results),
-        ttft_s=statistics.median(f for _, f in results), throughput_tps=generated / wall, wall_s=wall,
+        prefill_tps=statistics.median(r.timings.get("prompt_per_second", 0.0) for r in results),
+        decode_tps=statistics.median(r.timings.get("predicted_per_second", 0.0) for r in results),
+        ttft_s=statistics.median(r.ttft_s for r in results), throughput_tps=generated / wall, wall_s=wall,
     )
 
 

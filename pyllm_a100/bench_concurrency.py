@@ -12,7 +12,6 @@ measures every level, so the ratios sit side by side in one run.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import random
@@ -24,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from .bench import BenchError, _vocab_size, sse_data
+from .bench import BenchError, Streamed, _vocab_size, check_ready, stream_completion
 
 log = logging.getLogger(__name__)
 
@@ -109,43 +108,10 @@ class LevelResult:
         return dataclasses.asdict(self)
 
 
-@dataclasses.dataclass
-class _Done:
-    timings: dict
-    ttft_s: float
-
-
-def _stream(client: httpx.Client, url: str, prompt: list[int], gen: int) -> _Done:
-    started = time.perf_counter()
-    first = None
-    timings: dict = {}
-    body = {"prompt": prompt, "n_predict": gen, "ignore_eos": True, "cache_prompt": False, "temperature": 0, "stream": True}
-    with client.stream("POST", url + "/completion", json=body, timeout=None) as response:
-        if response.status_code != 200:
-            raise BenchError(f"HTTP {response.status_code}: {response.read()[:200]!r}")
-        for data in sse_data(response):
-            chunk = json.loads(data)
-            if first is None and (chunk.get("content") or not chunk.get("stop")):
-                first = time.perf_counter() - started
-            if chunk.get("stop"):
-                timings = chunk.get("timings") or {}
-    if not timings:
-        raise BenchError("the stream ended without llama-server's final chunk (timings)")
-    return _Done(timings, first if first is not None else time.perf_counter() - started)
-
-
-def _check(client: httpx.Client, url: str) -> None:
-    try:
-        if client.get(url + "/health", timeout=10).status_code != 200:
-            raise BenchError(f"{url} is not ready (/health is not 200): wait for the load to finish")
-    except httpx.HTTPError as exc:
-        raise BenchError(f"{url} does not answer ({type(exc).__name__}): start a server (pyllm serve) or check --url") from exc
-
-
 def _wave(url: str, headers: dict, limits: httpx.Limits, prompts: list[list[list[int]]], gen_tokens: int
-          ) -> tuple[list[_Done], list[str], float]:
+          ) -> tuple[list[Streamed], list[str], float]:
     """One client thread per entry of ``prompts``, each sending its prompts back to back: (done, errors, wall s)."""
-    done: list[_Done] = []
+    done: list[Streamed] = []
     errors: list[str] = []
     lock = threading.Lock()
 
@@ -153,7 +119,7 @@ def _wave(url: str, headers: dict, limits: httpx.Limits, prompts: list[list[list
         with httpx.Client(headers=headers, limits=limits) as own:
             for p in mine:
                 try:
-                    result = _stream(own, url, p, gen_tokens)
+                    result = stream_completion(own, url, p, gen_tokens)
                 except Exception as exc:  # counted as a failure of this wave
                     with lock:
                         errors.append(f"{type(exc).__name__}: {exc}")
@@ -188,13 +154,13 @@ def measure(url: str, levels: Sequence[int], *, prompt_tokens: int = 256, gen_to
     fresh = httpx.Limits(max_keepalive_connections=0)  # llama-server closes a connection after a stream
     rng = random.Random(seed)
     with httpx.Client(headers=headers, limits=fresh) as client:
-        _check(client, url)
+        check_ready(client, url)
         n_vocab = _vocab_size(client, url)
 
         def prompt() -> list[int]:
             return [rng.randrange(10, max(11, n_vocab - 1)) for _ in range(prompt_tokens)]
 
-        _stream(client, url, prompt(), min(gen_tokens, 8))  # first-use costs (JIT, allocations) stay out
+        stream_completion(client, url, prompt(), min(gen_tokens, 8))  # first-use costs (JIT, allocations) stay out
     out = []
     # Warm-up at the highest level too, not counted: batched kernels are compiled on first use (PTX JIT
     # on GPUs newer than the build), which would otherwise land in whichever level needs them first.

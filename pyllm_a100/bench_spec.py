@@ -26,8 +26,7 @@ from typing import Any
 
 import httpx
 
-from .bench import BenchError, _vocab_size
-from .bench_concurrency import _check, _stream
+from .bench import BenchError, _vocab_size, check_ready, stream_completion
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +137,8 @@ def _series(url: str, prompts: list[list[int]], gen_tokens: int) -> list[tuple[d
     from .spec_check import greedy
 
     with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0)) as client:
-        _check(client, url)
-        _stream(client, url, prompts[0][:8], 8)  # warm-up, not counted
+        check_ready(client, url)
+        stream_completion(client, url, prompts[0][:8], 8)  # warm-up, not counted
     out = []
     for p in prompts:
         try:
