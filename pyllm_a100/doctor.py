@@ -251,7 +251,7 @@ def _nvfp4_findings(arch: str, types: dict[str, int]) -> list[Finding]:
 
 def hub_shapes(repo: str, *, token: str | None = None, revision: str | None = None) -> list:
     """One memplan.Shape per GGUF shard set in a hub repo: sizes from the listing, hparams from shard 1's header."""
-    from .fetch import list_remote, quant_of, shard_sets
+    from .fetch import is_sidecar, list_remote, quant_of, shard_sets
     from .gguf_remote import remote_header
     from .memplan import hub_shape
 
@@ -259,7 +259,7 @@ def hub_shapes(repo: str, *, token: str | None = None, revision: str | None = No
     sizes = {f.path: f.size for f in files}
     sets = shard_sets([f.path for f in files])
     sets = {first: members for first, members in sets.items()
-            if not re.match(r"(mmproj|dspark-|mtp-)", first.rsplit("/", 1)[-1], re.IGNORECASE)}  # vision towers, draft sidecars
+            if not (is_sidecar(first) or first.rsplit("/", 1)[-1].lower().startswith("mmproj"))}  # drafts, vision towers
     if not sets:
         from .errors import RepoNotFound
 
