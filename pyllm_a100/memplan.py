@@ -465,22 +465,9 @@ def estimate_vs_measured(shape: Shape, log_text: str, ctx: int, slots: int, n_gp
     return estimate_vs_buffers(shape, logged_buffers(log_text), ctx, slots, n_gpus, used_mib=used_mib, type_k_bytes=type_k_bytes)
 
 
-def buffers_from_run(buffers_mib: dict[str, float]) -> dict[str, dict[str, float]]:
-    """scripts/gpu-check's ``buffers_mib`` ("KV CUDA0": MiB, "model CPU_Mapped": ...) in :func:`logged_buffers`' shape."""
-    out: dict[str, dict[str, float]] = {}
-    for key, mib in buffers_mib.items():
-        kind, device = key.split(" ", 1)
-        kind = kind.lower()
-        if kind not in ("model", "kv", "compute", "output") or device == "CUDA_Host":
-            continue
-        device = "CPU" if device in ("CPU", "CPU_Mapped") else device
-        out.setdefault(device, {"model": 0.0, "kv": 0.0, "compute": 0.0, "output": 0.0})[kind] += mib
-    return out
-
-
 def estimate_vs_buffers(shape: Shape, logged: dict[str, dict[str, float]], ctx: int, slots: int, n_gpus: int = 0, *,
                         used_mib: list[float] | None = None, type_k_bytes: float = 2.0) -> dict[str, Any]:
-    """:func:`estimate_vs_measured` on buffer sizes already parsed (``logged_buffers`` or ``buffers_from_run``)."""
+    """:func:`estimate_vs_measured` on buffer sizes already parsed by :func:`logged_buffers` (e.g. a gpu-check result's)."""
     rows = []
     if n_gpus == 0:
         devices = per_device(shape, 1, ctx, slots, gpu=False, type_k_bytes=type_k_bytes)

@@ -266,7 +266,7 @@ def test_estimate_is_within_ten_percent_of_the_gpu_run() -> None:
     m = run["model"]
     shape = next(s for s in memplan.preset_shapes(m["preset"], layers=m["layers"], experts=m["experts"]) if s.label == m["type"])
     assert shape.weight_bytes == pytest.approx(m["bytes"], rel=0.01), "the plan is of the file that was served"
-    result = memplan.estimate_vs_buffers(shape, memplan.buffers_from_run(run["buffers_mib"]), run["ctx_size"] // run["parallel"],
+    result = memplan.estimate_vs_buffers(shape, run["buffers_mib"], run["ctx_size"] // run["parallel"],
                                          run["parallel"], 2, used_mib=run["memory_used_by_server_mib"])
     gpus = [d for d in result["devices"] if d["device"].startswith("CUDA")]
     assert len(gpus) == 2 and result["worst_error_pct"] is not None and result["worst_error_pct"] <= 10
