@@ -59,7 +59,7 @@ def save() -> None:
 
 def gpu_memory_mib() -> list[int]:
     """Memory in use on every GPU of the machine (NVML), MiB."""
-    from pyllm_a100.gpus import visible_gpus
+    from pyllm_a100.devices.gpus import visible_gpus
 
     return [(g.memory_total - g.memory_free) >> 20 for g in visible_gpus()]
 
@@ -94,7 +94,8 @@ def measured_bandwidth() -> float | None:
 def serve_and_bench(label: str, model: Path, *, prompt: int, gen: int, repeat: int, env: dict | None = None,
                     **options) -> dict:
     """One managed server: time to ready, memory per GPU once ready, then bench.run."""
-    from pyllm_a100 import Server, bench
+    from pyllm_a100 import Server
+    from pyllm_a100.bench.throughput import throughput as bench
 
     started = time.monotonic()
     with Server(model, port=0, ctx_size=options.pop("ctx_size", 4096), ready_timeout=900, env=env,
@@ -151,8 +152,8 @@ def model_file(models: Path, layers: int, experts: int | None) -> Path:
 
 
 def roofline(path: Path, decode_tps: float, bandwidth: float) -> dict:
-    from pyllm_a100.gguf_files import resolve_model
-    from pyllm_a100.roofline import weights_per_token
+    from pyllm_a100.models.gguf_files import resolve_model
+    from pyllm_a100.models.roofline import weights_per_token
 
     w = weights_per_token(resolve_model(path))
     ceiling = w.ceiling_tokens_per_second(bandwidth)
@@ -162,7 +163,7 @@ def roofline(path: Path, decode_tps: float, bandwidth: float) -> dict:
 
 @phase("hbm")
 def hbm(models: Path, layers: int, args) -> dict:
-    from pyllm_a100.gpus import visible_gpus
+    from pyllm_a100.devices.gpus import visible_gpus
 
     model = model_file(models, layers, None)
     row = serve_and_bench("hbm-1gpu", model, prompt=args.prompt, gen=args.gen, repeat=args.repeat,
@@ -175,7 +176,7 @@ def hbm(models: Path, layers: int, args) -> dict:
 
 @phase("tune")
 def tune(models: Path, layers: int, args) -> dict:
-    from pyllm_a100 import bench
+    from pyllm_a100.bench.throughput import throughput as bench
 
     model = model_file(models, layers, None)
     rows = bench.tune(str(model), prompt_tokens=args.prompt, gen_tokens=args.tune_gen, repeat=2,
@@ -200,8 +201,8 @@ def tune(models: Path, layers: int, args) -> dict:
 
 @phase("rpc")
 def rpc(models: Path, layers: int, args) -> dict:
-    from pyllm_a100.net import free_port
-    from pyllm_a100.rpc import RpcWorker, WorkerConfig
+    from pyllm_a100.serve.net import free_port
+    from pyllm_a100.serve.rpc import RpcWorker, WorkerConfig
 
     model = model_file(models, layers, None)
     workers = [RpcWorker(WorkerConfig(port=free_port(), devices=f"CUDA{i}"), log_path=LOGS / f"rpc-worker-{i}.log",
@@ -222,7 +223,7 @@ def rpc(models: Path, layers: int, args) -> dict:
 
 @phase("scale")
 def scale(models: Path, args) -> dict:
-    from pyllm_a100.gpus import visible_gpus
+    from pyllm_a100.devices.gpus import visible_gpus
 
     free = shutil.disk_usage(models).free
     model = model_file(models, args.scale_layers, args.scale_experts)
@@ -266,7 +267,7 @@ def two_gpus(args) -> dict:
 
 @phase("concurrency")
 def concurrency(models: Path, args) -> dict:
-    from pyllm_a100 import bench_concurrency as bc
+    from pyllm_a100.bench.throughput import concurrency as bc
 
     model = serving_target(models, args)
     levels = bc.parse_levels(args.concurrency_levels)
@@ -287,7 +288,7 @@ def concurrency(models: Path, args) -> dict:
 
 @phase("verify")
 def verify(models: Path, args) -> dict:
-    from pyllm_a100 import bench_spec as bs
+    from pyllm_a100.bench.throughput import speculative as bs
 
     model = serving_target(models, args)
     ks = bs.parse_k_range(args.verify_k)
@@ -308,7 +309,7 @@ DRAFT_N_MAX = 7
 
 @phase("speculative")
 def speculative(models: Path, args) -> dict:
-    from pyllm_a100 import bench_spec as bs
+    from pyllm_a100.bench.throughput import speculative as bs
     from pyllm_a100.synth import PRESETS
 
     target_preset = "tiny-deepseek4" if args.cpu else "deepseek-v4-flash"
@@ -383,7 +384,7 @@ def main() -> int:
     os.environ.setdefault("CUDA_CACHE_MAXSIZE", "4294967296")
     os.environ.setdefault("PYLLM_HOME", "/tmp/pyllm-home")
     from pyllm_a100 import build_info
-    from pyllm_a100.gpus import visible_gpus
+    from pyllm_a100.devices.gpus import visible_gpus
 
     RESULTS["build"] = build_info()
     RESULTS["gpus"] = [{"name": g.name, "compute_capability": g.compute_capability, "memory_total": g.memory_total,

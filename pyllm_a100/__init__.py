@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import bindings as _bindings
-from .native import build_info
+from .build import bindings as _bindings
+from .build.native import build_info
 
 __version__ = "0.1.0"
 __all__ = ["Llama", "Server", "build_info", "__version__"]
@@ -19,7 +19,7 @@ _bindings.point_at_native_library()
 
 if TYPE_CHECKING:
     from .embedded import Llama
-    from .server import Server
+    from .serve.server import Server
 
 
 def __getattr__(name: str) -> Any:
@@ -29,7 +29,7 @@ def __getattr__(name: str) -> Any:
 
         return Llama
     if name == "Server":
-        from .server import Server
+        from .serve.server import Server
 
         return Server
     raise AttributeError(f"module 'pyllm_a100' has no attribute {name!r}")

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import fetch, fetch_pypi
+from .models import fetch, fetch_pypi
 from .errors import FetchError
-from .server import Server
-from .state import home
-from .synth import synthesize
+from .serve.server import Server
+from .serve.state import home
+from .synth.writer import synthesize
 
 log = logging.getLogger(__name__)
 

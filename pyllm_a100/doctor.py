@@ -15,12 +15,12 @@ import shutil
 import subprocess
 from typing import Any
 
-from .gguf_files import resolve_model
-from .gpus import GPU, driver, visible_gpus
-from .native import binary, build_info
-from .roofline import weights_per_token
-from .server import DEFAULT_PARALLEL
-from .slots import kv_bytes_per_token, suggest
+from .models.gguf_files import resolve_model
+from .devices.gpus import GPU, driver, visible_gpus
+from .build.native import binary, build_info
+from .models.roofline import weights_per_token
+from .serve.server import DEFAULT_PARALLEL
+from .serve.slots import kv_bytes_per_token, suggest
 
 MARGIN_MIB = 1024  # free memory llama.cpp's --fit keeps per GPU by default
 
@@ -174,7 +174,7 @@ def _slots_finding(report: dict[str, Any], per_device: dict[str, dict[str, int]]
 
 def rpc_report(spec: str) -> list[dict[str, Any]]:
     """Each rpc-server worker: its protocol version and devices with memory (llama.cpp's own listing)."""
-    from .rpc import hello, list_devices, parse_endpoints
+    from .serve.rpc import hello, list_devices, parse_endpoints
 
     workers = []
     for endpoint in parse_endpoints(spec):
@@ -222,8 +222,8 @@ NVFP4_NOTE = ("NVFP4 on this build: CPU ggml-cpu vec_dot_nvfp4_q8_0; CUDA sm_80 
 def _source(model: str) -> str:
     """"preset", "file" or "hub": a synth preset name, something on this disk (or fetched), else OWNER/NAME on a hub."""
     from .errors import ModelNotFound
-    from .gguf_files import locate
-    from .synth import PRESETS
+    from .models.gguf_files import locate
+    from .synth.writer import PRESETS
 
     if model in PRESETS:
         return "preset"
@@ -241,7 +241,7 @@ def _nvfp4_findings(arch: str, types: dict[str, int]) -> list[Finding]:
     if not count:
         return []
     out = [Finding("ok", f"{count} NVFP4 tensors: {NVFP4_NOTE}")]
-    from .synth import NVFP4_SCALED_ARCHS
+    from .synth.writer import NVFP4_SCALED_ARCHS
 
     if arch not in NVFP4_SCALED_ARCHS and arch != "llama":
         out.append(Finding("error", f"{arch} at this llama.cpp pin never applies NVFP4's per-expert scale_2 (ffn_*_exps.scale): "
@@ -251,9 +251,9 @@ def _nvfp4_findings(arch: str, types: dict[str, int]) -> list[Finding]:
 
 def hub_shapes(repo: str, *, token: str | None = None, revision: str | None = None) -> list:
     """One memplan.Shape per GGUF shard set in a hub repo: sizes from the listing, hparams from shard 1's header."""
-    from .fetch import is_sidecar, list_remote, quant_of, shard_sets
-    from .gguf_remote import remote_header
-    from .memplan import hub_shape
+    from .models.fetch import is_sidecar, list_remote, quant_of, shard_sets
+    from .models.gguf_remote import remote_header
+    from .models.memplan import hub_shape
 
     commit, files = list_remote(repo, revision=revision, token=token)
     sizes = {f.path: f.size for f in files}
@@ -277,7 +277,7 @@ def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: in
                 layers: int | None = None, experts: int | None = None, token: str | None = None) -> dict[str, Any]:
     """Per quantization: weights, KV at ctx x slots, compute, per-GPU total, fits, and a serve command that fits."""
     from .errors import InvalidArgument
-    from .memplan import CUDA_OVERHEAD_MIB, FIT_MARGIN_MIB, local_shape, parse_gpus, plan_row, preset_shapes
+    from .models.memplan import CUDA_OVERHEAD_MIB, FIT_MARGIN_MIB, local_shape, parse_gpus, plan_row, preset_shapes
 
     spec = parse_gpus(gpus)
     slots = 1 if parallel is None else parallel

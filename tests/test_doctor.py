@@ -50,8 +50,8 @@ def test_slot_finding_counts_full_context_slots_in_the_memory_left() -> None:
     """The GPU branch's slot advice (no GPU here, so its inputs are given as llama-fit-params would print them):
     two 80 GiB cards, 30 GiB of weights each and 1 GiB of KV per 16384-token slot leave room for 16 such slots."""
     from pyllm_a100.doctor import _slots_finding
-    from pyllm_a100.gpus import GPU
-    from pyllm_a100.server import DEFAULT_PARALLEL
+    from pyllm_a100.devices.gpus import GPU
+    from pyllm_a100.serve.server import DEFAULT_PARALLEL
 
     gib = 2**30
     gpus = [GPU(i, i, "NVIDIA A100-SXM4-80GB", f"GPU-{i}", "8.0", 80 * gib, 79 * gib, False) for i in range(2)]

@@ -62,15 +62,15 @@ def test_mtp_draft_shares_the_targets_embedding_and_head_bytes(draft_models: dic
     ("tiny-deepseek4-dspark", "draft-dspark"), ("tiny-deepseek4-mtp", "draft-mtp"), ("tiny-glm-dsa-mtp", "draft-mtp"),
 ])
 def test_detect_reads_the_kind_from_the_gguf(draft_models: dict[str, Path], draft: str, expected: str) -> None:
-    from pyllm_a100.drafts import detect
-    from pyllm_a100.gguf_files import resolve_model
+    from pyllm_a100.models.drafts import detect
+    from pyllm_a100.models.gguf_files import resolve_model
 
     assert detect(resolve_model(draft_models[draft])) == expected
 
 
 def test_a_plain_model_is_a_simple_draft(tiny_models: dict[str, Path]) -> None:
-    from pyllm_a100.drafts import detect
-    from pyllm_a100.gguf_files import resolve_model
+    from pyllm_a100.models.drafts import detect
+    from pyllm_a100.models.gguf_files import resolve_model
 
     assert detect(resolve_model(tiny_models["tiny-llama"])) == "draft-simple"
 
@@ -79,7 +79,7 @@ def test_done_when_serve_with_dspark_draft_gives_the_plain_servers_tokens(tiny_m
                                                                           draft_models: dict[str, Path]) -> None:
     """`pyllm serve tiny-deepseek4.gguf --draft tiny-deepseek4-dspark.gguf` == the plain server at temperature 0."""
     from pyllm_a100 import Server
-    from pyllm_a100.spec_check import greedy
+    from pyllm_a100.bench.spec_check import greedy
 
     model, draft = tiny_models["tiny-deepseek4"], draft_models["tiny-deepseek4-dspark"]
     with Server(model, port=0, ready_timeout=300) as plain:
@@ -104,7 +104,7 @@ def test_done_when_serve_with_dspark_draft_gives_the_plain_servers_tokens(tiny_m
     ("tiny-deepseek4", "tiny-deepseek4-mtp"), ("tiny-glm-dsa", "tiny-glm-dsa-mtp"), ("tiny-deepseek32", "tiny-deepseek32-mtp"),
 ])
 def test_mtp_draft_keeps_greedy_tokens(tiny_models: dict[str, Path], draft_models: dict[str, Path], target: str, draft: str) -> None:
-    from pyllm_a100.spec_check import compare
+    from pyllm_a100.bench.spec_check import compare
 
     result = compare(tiny_models[target], draft_models[draft], n_predict=16, ready_timeout=300)
     assert result["spec_type"] == "draft-mtp"
@@ -115,7 +115,7 @@ def test_mtp_draft_keeps_greedy_tokens(tiny_models: dict[str, Path], draft_model
 def test_auto_uses_the_models_own_mtp_block(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     """A GLM-5 GGUF that keeps its NextN block: --draft auto runs draft-mtp on the model's own weights (no -md)."""
     from pyllm_a100 import Server
-    from pyllm_a100.spec_check import PROMPT, compare, greedy
+    from pyllm_a100.bench.spec_check import PROMPT, compare, greedy
     from pyllm_a100.synth import synthesize
 
     model = synthesize("tiny-glm-dsa-nextn", tmp_path / "glm" / "model.gguf", seed=SEED).first
@@ -130,7 +130,7 @@ def test_concurrent_requests_with_a_dspark_draft_all_get_the_plain_tokens(server
     """Four clients at once on two slots: each slot drafts for its own sequence; every answer is the plain one."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pyllm_a100.spec_check import greedy
+    from pyllm_a100.bench.spec_check import greedy
 
     model = tiny_models["tiny-deepseek4"]
     prompts = ["The quick brown fox", "Hello, world!", "def add(a, b):", "你好，世界"]
@@ -211,7 +211,7 @@ def test_bad_draft_is_refused_in_one_line_before_start(case: str, tiny_models: d
 
 def test_a_small_model_of_the_same_vocabulary_drafts_exactly(tiny_models: dict[str, Path]) -> None:
     """tiny-llama shares tiny-deepseek4's synthetic tokenizer: a plain draft model (draft-simple)."""
-    from pyllm_a100.spec_check import compare
+    from pyllm_a100.bench.spec_check import compare
 
     result = compare(tiny_models["tiny-deepseek4"], tiny_models["tiny-llama"], n_predict=16, draft_max=4, ready_timeout=300)
     assert result["spec_type"] == "draft-simple"
@@ -220,8 +220,8 @@ def test_a_small_model_of_the_same_vocabulary_drafts_exactly(tiny_models: dict[s
 
 
 def test_auto_finds_the_sidecar_beside_the_model(tiny_models: dict[str, Path], draft_models: dict[str, Path], tmp_path: Path) -> None:
-    from pyllm_a100.drafts import resolve
-    from pyllm_a100.gguf_files import resolve_model
+    from pyllm_a100.models.drafts import resolve
+    from pyllm_a100.models.gguf_files import resolve_model
 
     os.link(tiny_models["tiny-deepseek4"], tmp_path / "model.gguf")  # links: resolve() keeps this folder
     os.link(draft_models["tiny-deepseek4-dspark"], tmp_path / "dspark-model.gguf")
@@ -267,7 +267,7 @@ def test_fetch_draft_brings_the_sidecar_and_serve_auto_uses_it(tiny_models: dict
     try:
         (entry,) = json.loads(run_pyllm("ps", "--json", env=env, check=True).stdout)
         assert entry["draft"] == {"path": str(root / "F16" / "dspark-Tiny-DSV4-F16.gguf"), "spec_type": "draft-dspark", "n_max": None}
-        from pyllm_a100.spec_check import greedy
+        from pyllm_a100.bench.spec_check import greedy
 
         _, timings = greedy(entry["url"], "Hello", 8)
         assert timings["draft_n"] > 0
@@ -305,7 +305,7 @@ def test_in_process_draft_keeps_greedy_tokens(tiny_models: dict[str, Path], draf
 def test_in_process_draft_is_refused_for_a_cache_that_cannot_rewind(tiny_models: dict[str, Path]) -> None:
     """DeepSeek-V4's cache cannot drop the rejected tail in place, which llama-cpp-python's speculative loop needs."""
     from pyllm_a100 import Llama
-    from pyllm_a100.drafts import InProcessUnsupported
+    from pyllm_a100.models.drafts import InProcessUnsupported
 
     with pytest.raises(InProcessUnsupported, match="cannot drop rejected draft tokens"):
         Llama(tiny_models["tiny-deepseek4"], n_ctx=512, draft="prompt-lookup")
@@ -313,7 +313,7 @@ def test_in_process_draft_is_refused_for_a_cache_that_cannot_rewind(tiny_models:
 
 def test_in_process_refuses_dspark_and_mtp_drafts_in_one_line(tiny_models: dict[str, Path], draft_models: dict[str, Path]) -> None:
     from pyllm_a100 import Llama
-    from pyllm_a100.drafts import InProcessUnsupported
+    from pyllm_a100.models.drafts import InProcessUnsupported
 
     for name in ("tiny-deepseek4-dspark", "tiny-deepseek4-mtp"):
         with pytest.raises(InProcessUnsupported, match="pyllm serve MODEL --draft") as caught:
@@ -332,7 +332,7 @@ def test_a_draft_given_as_the_model_is_refused_in_one_line(draft_models: dict[st
 def test_a_folder_with_a_model_and_its_sidecar_serves_the_model(draft_models: dict[str, Path], tiny_models: dict[str, Path],
                                                                  tmp_path: Path) -> None:
     """What `pyllm fetch --local-dir D --draft` leaves: D/model.gguf and D/dspark-model.gguf; `serve D` means the model."""
-    from pyllm_a100.gguf_files import locate
+    from pyllm_a100.models.gguf_files import locate
 
     (tmp_path / "model.gguf").symlink_to(tiny_models["tiny-deepseek4"])
     (tmp_path / "dspark-model.gguf").symlink_to(draft_models["tiny-deepseek4-dspark"])

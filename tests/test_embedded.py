@@ -57,7 +57,7 @@ def test_streamed_pieces_never_split_a_utf8_character(tiny_models: dict[str, Pat
     from llama_cpp import LogitsProcessorList
 
     from pyllm_a100 import Llama
-    from pyllm_a100.synth_vocab import build_vocab, byte_to_unicode
+    from pyllm_a100.synth.vocab import build_vocab, byte_to_unicode
 
     llm = Llama(tiny_models["tiny-deepseek4"], n_ctx=256)
     try:

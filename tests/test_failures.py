@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pyllm_a100 import failures
-from pyllm_a100.server import make_config
+from pyllm_a100.serve import failures
+from pyllm_a100.serve.server import make_config
 
 
 @pytest.fixture

@@ -87,7 +87,7 @@ def test_plan_arguments_are_checked() -> None:
 
 def test_local_file_estimate_within_10_percent_of_llama_servers_buffers(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     """The real llama-server on this CPU build: model, KV and compute buffers as it logs them vs the estimate."""
-    from pyllm_a100.memcheck import measure
+    from pyllm_a100.bench.memcheck import measure
 
     for ctx, slots in ((2048, 4), (8192, 2)):
         result = measure(tiny_models["tiny-glm-dsa"], ctx, slots, log_path=tmp_path / f"s-{ctx}.log")
@@ -103,8 +103,8 @@ def test_local_file_estimate_within_10_percent_of_llama_servers_buffers(tiny_mod
 
 
 def test_estimate_is_no_pass_when_nothing_was_logged(tiny_models: dict[str, Path]) -> None:
-    from pyllm_a100.gguf_files import resolve_model
-    from pyllm_a100.memplan import estimate_vs_measured, local_shape
+    from pyllm_a100.models.gguf_files import resolve_model
+    from pyllm_a100.models.memplan import estimate_vs_measured, local_shape
 
     shape = local_shape(resolve_model(tiny_models["tiny-glm-dsa"]))
     assert estimate_vs_measured(shape, "no buffer lines here", 2048, 1)["worst_error_pct"] is None
@@ -259,7 +259,7 @@ def test_estimate_is_within_ten_percent_of_the_gpu_run() -> None:
     the estimate for the same file, context and slots against NVML's used memory per GPU."""
     import json
 
-    from pyllm_a100 import memplan
+    from pyllm_a100.models import memplan
 
     run = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results" / "gpu-check-2026-11-30-glm5.json")
                      .read_text())["steps"]["glm5"]["result"]

@@ -19,8 +19,8 @@ from conftest import run_pyllm
 @pytest.fixture
 def workers():
     """Start RpcWorkers on free loopback ports; all are stopped after the test."""
-    from pyllm_a100.net import free_port
-    from pyllm_a100.rpc import RpcWorker, WorkerConfig
+    from pyllm_a100.serve.net import free_port
+    from pyllm_a100.serve.rpc import RpcWorker, WorkerConfig
 
     started = []
 
@@ -93,7 +93,7 @@ def test_non_loopback_binds_need_the_explicit_flag(host: str) -> None:
 
 
 def test_detached_worker_in_ps_doctor_and_stop(pyllm_home: Path) -> None:
-    from pyllm_a100.net import free_port
+    from pyllm_a100.serve.net import free_port
 
     port = free_port()
     started = run_pyllm("rpc-worker", "--port", str(port), "--detach", "--name", "w1", timeout=120)

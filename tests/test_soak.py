@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from pyllm_a100.soak import prompt_ids, soak
+from pyllm_a100.bench.soak import prompt_ids, soak
 
 
 @pytest.fixture(scope="module")

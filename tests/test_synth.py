@@ -11,7 +11,7 @@ import gguf
 import pytest
 
 from pyllm_a100 import synth
-from pyllm_a100.gguf_files import resolve_model
+from pyllm_a100.models.gguf_files import resolve_model
 
 from conftest import TINY_PRESETS, run_pyllm
 

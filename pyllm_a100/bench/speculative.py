@@ -1,0 +1,232 @@
+"""What speculative decoding can win here: verify cost, measured draft acceptance and overhead, a projection.
+
+* verify cost (llama-bench): one forward of k tokens appended to a context of ``depth``
+  tokens (``-p k -d depth``: one ``llama_decode`` of k tokens, ubatch 512 >= k) against one
+  decode step (``-n N -d depth``: N single-token forwards, time / N);
+* a draft run (llama-server): the same prompts served without and with the draft's extra
+  llama-server arguments; llama-server's ``timings`` give ``draft_n`` and ``draft_n_accepted``;
+* a projection: with acceptance a per drafted token and k drafted tokens per step, a step
+  yields E = (1 - a^(k+1)) / (1 - a) tokens and costs T_verify(k+1) + T_draft(k), so the
+  speedup over plain decoding is E * T_decode / (T_verify(k+1) + T_draft(k)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import random
+import re
+import statistics
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .throughput import BenchError, _vocab_size, check_ready, stream_completion
+
+log = logging.getLogger(__name__)
+
+MAX_K = 64
+
+
+def parse_k_range(text: str) -> list[int]:
+    """``"1-16"`` -> 1..16; ``"1,2,4,8"`` works too. Every k >= 1, at most 64 (one micro-batch)."""
+    text = str(text).strip()
+    m = re.fullmatch(r"(\d+)-(\d+)", text)
+    if m:
+        lo, hi = int(m.group(1)), int(m.group(2))
+        if lo < 1 or hi < lo or hi > MAX_K:
+            raise BenchError(f"--verify-cost {text}: give FIRST-LAST with 1 <= FIRST <= LAST <= {MAX_K}, e.g. 1-16")
+        return list(range(lo, hi + 1))
+    parts = [p.strip() for p in text.split(",")]
+    if not text or not all(p.isdigit() and 1 <= int(p) <= MAX_K for p in parts) or len(set(parts)) != len(parts):
+        raise BenchError(f"--verify-cost {text!r}: give a range FIRST-LAST (e.g. 1-16) or distinct token counts "
+                         f"1..{MAX_K} separated by commas (e.g. 1,2,4,8)")
+    return [int(p) for p in parts]
+
+
+# --- verify cost (llama-bench) ------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class VerifyCost:
+    depth: int  # tokens already in the context
+    decode_ms: float  # one decode step: llama-bench tg (N single-token forwards) / N, median of the repetitions
+    rows: list[dict[str, float]]  # {"k", "ms" (one forward of k tokens), "ratio" (ms / decode_ms)}
+    argv: list[str]
+    repetitions: int
+
+    def as_row(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def ms(self, k: int) -> float | None:
+        return next((r["ms"] for r in self.rows if r["k"] == k), None)
+
+
+def _llama_bench_split(tensor_split: str | None) -> list[str]:
+    if tensor_split is None:
+        return []
+    from ..devices.splits import parse_tensor_split
+
+    parts = parse_tensor_split(tensor_split)
+    return ["-sm", "layer", "-ts", "/".join(f"{p:g}" for p in parts)]
+
+
+def verify_cost(model: str | os.PathLike[str], ks: Sequence[int], *, depth: int = 512, decode_tokens: int = 16,
+                repetitions: int = 5, tensor_split: str | None = None, env: dict[str, str] | None = None,
+                extra_args: Sequence[str] = (), timeout: float = 1800) -> VerifyCost:
+    """One llama-bench run: ``-p k1,k2,... -n decode_tokens -d depth -r repetitions -o json``."""
+    from ..models.gguf_files import resolve_model
+    from ..build.native import binary
+
+    if not ks or any(k < 1 or k > MAX_K for k in ks):
+        raise BenchError(f"--verify-cost: every k must be 1..{MAX_K}")
+    if depth < 0 or decode_tokens < 1 or repetitions < 1:
+        raise BenchError("--depth must be >= 0, --gen-tokens and --repeat >= 1")
+    files = resolve_model(model)
+    argv = [str(binary("llama-bench")), "-m", str(files.first), "-p", ",".join(map(str, ks)), "-n", str(decode_tokens),
+            "-d", str(depth), "-r", str(repetitions), "-ub", str(max(512, max(ks))), "-o", "json",
+            *_llama_bench_split(tensor_split), *extra_args]
+    log.info("verify cost: %s", " ".join(argv))
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as exc:
+        raise BenchError(f"llama-bench did not finish in {timeout:.0f} s: lower --repeat or the k range") from exc
+    if out.returncode != 0:
+        tail = " | ".join(out.stderr.strip().splitlines()[-3:])
+        raise BenchError(f"llama-bench exited with status {out.returncode}: {tail}")
+    tests = json.loads(out.stdout)
+    median_ms = {}
+    for t in tests:
+        key = ("pp", t["n_prompt"]) if t["n_prompt"] else ("tg", t["n_gen"])
+        median_ms[key] = statistics.median(t["samples_ns"]) / 1e6
+    decode = median_ms[("tg", decode_tokens)] / decode_tokens
+    rows = [{"k": k, "ms": median_ms[("pp", k)], "ratio": median_ms[("pp", k)] / decode} for k in ks]
+    return VerifyCost(depth=depth, decode_ms=decode, rows=rows, argv=argv[1:], repetitions=repetitions)
+
+
+# --- a draft run (llama-server) -------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class DraftRun:
+    requests: int
+    draft_args: list[str]
+    plain_decode_tps: float  # median llama-server predicted_per_second without the draft
+    draft_decode_tps: float  # the same with the draft
+    drafted: int  # sum of draft_n
+    accepted: int  # sum of draft_n_accepted
+    acceptance: float  # accepted / drafted (0 when nothing was drafted)
+    steps: int  # verify steps: generated tokens - accepted - 1 per request (the first token comes from the prompt)
+    plain_step_ms: float  # one decode step without the draft
+    draft_step_ms: float  # one draft + verify step
+    overhead_ms: float  # draft_step_ms - plain_step_ms
+    same_tokens: bool  # temperature 0: the same token ids, up to batch-dependent rounding (docs/speculative.md)
+    first_difference: list[int | None]  # per request: the first token index where the two runs part (None: equal)
+
+    def as_row(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _series(url: str, prompts: list[list[int]], gen_tokens: int) -> list[tuple[dict, list[int]]]:
+    """(timings, token ids) of one greedy completion per prompt, after an uncounted warm-up."""
+    from .spec_check import greedy
+
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0)) as client:
+        check_ready(client, url)
+        stream_completion(client, url, prompts[0][:8], 8)  # warm-up, not counted
+    out = []
+    for p in prompts:
+        try:
+            tokens, timings = greedy(url, p, gen_tokens)
+        except httpx.HTTPStatusError as exc:
+            raise BenchError(f"{url}/completion answered HTTP {exc.response.status_code}: {exc.response.text[:200]}") from exc
+        out.append((timings, tokens))
+    return out
+
+
+def draft_run(model: str | os.PathLike[str], draft_args: Sequence[str], *, prompt_tokens: int = 128, gen_tokens: int = 128,
+              requests: int = 3, seed: int = 0, log_dir: Path | None = None, **server_options: Any) -> DraftRun:
+    """The same prompts on the model served plainly, then with ``draft_args`` added to llama-server's argv."""
+    from ..serve.server import Server
+
+    if not draft_args:
+        raise BenchError("--spec-args: give the draft's llama-server arguments, e.g. '-md draft.gguf --spec-type draft-simple'")
+    extra = list(server_options.pop("extra_args", ()))
+    ctx = max(4096, prompt_tokens + gen_tokens + 256)
+    results: dict[str, list[tuple[dict, list[int]]]] = {}
+    prompts: list[list[int]] = []
+    for side, args in (("plain", extra), ("draft", extra + list(draft_args))):
+        log_path = log_dir / f"spec-{side}.log" if log_dir else None
+        with Server(model, port=0, ctx_size=ctx, parallel=1, extra_args=args, log_path=log_path,
+                    ready_timeout=server_options.pop("ready_timeout", 3600), **server_options) as srv:
+            if not prompts:
+                with httpx.Client() as client:
+                    n_vocab = _vocab_size(client, srv.base_url)
+                rng = random.Random(seed)
+                prompts = [[rng.randrange(10, max(11, n_vocab - 1)) for _ in range(prompt_tokens)] for _ in range(requests)]
+            results[side] = _series(srv.base_url, prompts, gen_tokens)
+    plain, draft = [t for t, _ in results["plain"]], [t for t, _ in results["draft"]]
+    drafted = sum(int(t.get("draft_n", 0)) for t in draft)
+    accepted = sum(int(t.get("draft_n_accepted", 0)) for t in draft)
+    steps = sum(max(1, int(t.get("predicted_n", 0)) - int(t.get("draft_n_accepted", 0)) - 1) for t in draft)
+    plain_tokens = sum(max(1, int(t.get("predicted_n", 0)) - 1) for t in plain)
+    plain_step = sum(float(t.get("predicted_ms", 0.0)) for t in plain) / plain_tokens
+    draft_step = sum(float(t.get("predicted_ms", 0.0)) for t in draft) / steps
+    return DraftRun(
+        requests=requests, draft_args=list(draft_args),
+        plain_decode_tps=statistics.median(float(t.get("predicted_per_second", 0.0)) for t in plain),
+        draft_decode_tps=statistics.median(float(t.get("predicted_per_second", 0.0)) for t in draft),
+        drafted=drafted, accepted=accepted, acceptance=accepted / drafted if drafted else 0.0, steps=steps,
+        plain_step_ms=plain_step, draft_step_ms=draft_step, overhead_ms=draft_step - plain_step,
+        same_tokens=all(a == b for (_, a), (_, b) in zip(results["plain"], results["draft"])),
+        first_difference=[next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+                          for (_, a), (_, b) in zip(results["plain"], results["draft"])])
+
+
+# --- projection ---------------------------------------------------------------------------
+
+FORMULA = "speedup(a, k) = E * T_decode / (T_verify(k+1) + T_draft(k)), E = (1 - a^(k+1)) / (1 - a)"
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Tokens one step yields with k drafted tokens, each accepted with probability a (in order)."""
+    return float(k + 1) if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def projection(cost: VerifyCost, *, acceptances: Sequence[float] = (0.5, 0.7, 0.9), draft_ms_per_token: float = 0.0,
+               draft_ms_per_step: float = 0.0, decode_ms: float | None = None) -> list[dict[str, Any]]:
+    """Speedup per acceptance a and draft length k, for every k whose k+1 verify forward was measured.
+
+    ``draft_ms_per_token``: a draft that costs per drafted token (a small model: T_draft(k) = k x it);
+    ``draft_ms_per_step``: a draft that proposes its whole block in one pass (DSpark/DFlash: T_draft(k) = it,
+    whatever k). ``decode_ms``: project onto a deeper model whose decode step was measured apart, keeping
+    each k's measured ratio T_verify(k) / T_decode (the verify forwards scale like the decode step).
+    """
+    t_decode = cost.decode_ms if decode_ms is None else decode_ms
+    rows = []
+    for a in acceptances:
+        for k in sorted(r["k"] - 1 for r in cost.rows if r["k"] >= 2):
+            verify = cost.ms(k + 1) * t_decode / cost.decode_ms
+            step = verify + k * draft_ms_per_token + draft_ms_per_step
+            rows.append({"acceptance": a, "k": k, "expected_tokens": expected_tokens(a, k), "step_ms": step,
+                         "speedup": expected_tokens(a, k) * t_decode / step})
+    return rows
+
+
+def draft_ms_per_token(overhead_ms: float, cost: VerifyCost, k: int) -> float:
+    """The draft's own cost per drafted token: a draft run's overhead per step (``DraftRun.overhead_ms``) minus
+    the extra verify cost (T_verify(k+1) - T_decode from llama-bench), over k drafted tokens; never below 0."""
+    return draft_ms_per_step(overhead_ms, cost, k) / k if k >= 1 else 0.0
+
+
+def draft_ms_per_step(overhead_ms: float, cost: VerifyCost, k: int) -> float:
+    """The draft's own cost per step: the overhead per step minus the extra verify cost; never below 0."""
+    verify = cost.ms(k + 1)
+    if verify is None or k < 1:
+        return 0.0
+    return max(0.0, overhead_ms - (verify - cost.decode_ms))

@@ -1,0 +1,54 @@
+"""Tensor-split syntax: ``1x8`` (eight equal parts), ``3,1``, ``2x2,1x4``.
+
+Parsed once here; serve, Llama and doctor all use :func:`parse_tensor_split`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import TensorSplitError
+
+_TERM = re.compile(r"^\s*(?P<weight>\d+(?:\.\d+)?)\s*(?:x\s*(?P<count>\d+))?\s*$")
+EXAMPLES = "1x8 (eight equal parts), 3,1 or 2x2,1x4"
+
+
+def parse_tensor_split(text: str | list[float] | tuple[float, ...]) -> list[float]:
+    """``"2x2,1x4"`` -> ``[2, 2, 1, 1, 1, 1]``; lists pass through after validation."""
+    if isinstance(text, (list, tuple)):
+        parts = [float(p) for p in text]
+    else:
+        parts = []
+        for term in str(text).split(","):
+            match = _TERM.match(term)
+            if match is None:
+                raise TensorSplitError(f"--tensor-split {text}: {term.strip()!r} is not WEIGHT or WEIGHTxCOUNT; use e.g. {EXAMPLES}")
+            count = int(match["count"]) if match["count"] is not None else 1
+            if count < 1:
+                raise TensorSplitError(f"--tensor-split {text}: the count after x must be at least 1; use e.g. {EXAMPLES}")
+            parts.extend([float(match["weight"])] * count)
+    if not parts:
+        raise TensorSplitError(f"--tensor-split is empty; use e.g. {EXAMPLES}")
+    if any(p < 0 for p in parts) or sum(parts) <= 0:
+        raise TensorSplitError(f"--tensor-split {text}: weights must be non-negative and not all zero")
+    return parts
+
+
+def check_against_devices(parts: list[float], n_devices: int, *, text: str = "") -> None:
+    """More parts than visible devices is a mistake llama.cpp would silently ignore."""
+    shown = text or ",".join(f"{p:g}" for p in parts)
+    if n_devices == 0:
+        raise TensorSplitError(
+            f"--tensor-split {shown}: no GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES); "
+            "leave --tensor-split out to run on the CPU"
+        )
+    if len(parts) > n_devices:
+        raise TensorSplitError(
+            f"--tensor-split {shown} has {len(parts)} parts but {n_devices} device(s) are available "
+            f"(GPUs visible through CUDA_VISIBLE_DEVICES, plus --rpc workers): use 1x{n_devices}, or add devices"
+        )
+
+
+def to_llama_arg(parts: list[float]) -> str:
+    """The comma list llama-server's ``--tensor-split`` takes."""
+    return ",".join(f"{p:g}" for p in parts)

@@ -1,0 +1,177 @@
+"""llama.cpp's RPC backend: one model's layers over several machines.
+
+``RpcWorker`` runs this build's ``rpc-server`` (supervised like the server). rpc-server
+has no authentication and has had memory-safety bugs reachable over the network, so a
+worker binds loopback unless the caller explicitly allows a network address (a private
+network or a tunnel). :func:`hello` speaks the protocol's handshake to tell a live worker
+from a dead port or some other service; :func:`list_devices` asks llama.cpp itself for the
+devices (local and remote) and their memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+import struct
+import subprocess
+from pathlib import Path
+
+from ..errors import RpcError
+from ..build.native import binary
+from .process import ManagedProcess
+from .net import bind_refusal, host_problem, is_loopback
+
+DEFAULT_PORT = 50052
+RPC_CMD_HELLO = 14  # ggml-rpc.cpp: static_assert(RPC_CMD_HELLO == 14)
+CONN_CAPS_SIZE = 24  # ggml-rpc transport.h: RPC_CONN_CAPS_SIZE
+PROTO_MAJOR = 7  # ggml-rpc.h: RPC_PROTO_MAJOR_VERSION of the pinned tree
+NO_AUTH_WARNING = (
+    "rpc-server has no authentication: anyone who can reach the port can run code paths that have had "
+    "memory-safety bugs; bind it only on a private network or behind a tunnel"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_endpoints(text: str) -> list[Endpoint]:
+    """``"10.0.0.2:50052,10.0.0.3:50052"`` -> endpoints (one-line errors for typos)."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        m = re.fullmatch(r"\[?([^\[\]]+?)\]?:(\d+)", part)
+        if not m or not 1 <= int(m[2]) <= 65535:
+            raise RpcError(f"--rpc {text}: {part!r} is not HOST:PORT (e.g. 10.0.0.2:{DEFAULT_PORT})")
+        out.append(Endpoint(m[1], int(m[2])))
+    if not out:
+        raise RpcError("--rpc is empty: give HOST:PORT[,HOST:PORT...]")
+    return out
+
+
+def hello(endpoint: Endpoint, timeout: float = 5.0) -> tuple[int, int, int]:
+    """The RPC handshake: (major, minor, patch) of the worker, or RpcError saying what answered."""
+    try:
+        sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout)
+    except ConnectionRefusedError:
+        raise RpcError(f"no rpc-server answers at {endpoint} (connection refused): start one there with `pyllm rpc-worker --port {endpoint.port}`") from None
+    except OSError as exc:
+        raise RpcError(f"cannot reach the rpc-server at {endpoint} ({exc.strerror or exc}): check the address, the network and any firewall") from None
+    with sock:
+        try:
+            sock.settimeout(timeout)
+            sock.sendall(bytes([RPC_CMD_HELLO]) + struct.pack("<Q", CONN_CAPS_SIZE) + bytes(CONN_CAPS_SIZE))
+            header = _recv(sock, 8)
+            (size,) = struct.unpack("<Q", header)
+            if size != 4 + CONN_CAPS_SIZE:
+                raise ValueError(size)
+            body = _recv(sock, size)
+        except (OSError, ValueError, struct.error):
+            raise RpcError(
+                f"{endpoint} accepted the connection but did not answer the RPC handshake: it is not an rpc-server "
+                "(or one of a very different llama.cpp); check the port"
+            ) from None
+    major, minor, patch = body[0], body[1], body[2]
+    if major != PROTO_MAJOR:
+        raise RpcError(f"the rpc-server at {endpoint} speaks RPC {major}.{minor}.{patch}, this build {PROTO_MAJOR}.x: run the same pyllm-a100 build on every machine")
+    return major, minor, patch
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ValueError("closed")
+        data += chunk
+    return data
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    name: str  # "CUDA0", "RPC0"
+    description: str
+    total_mib: int
+    free_mib: int
+
+
+def list_devices(endpoints: list[Endpoint] | None = None, env: dict[str, str] | None = None) -> list[Device]:
+    """Devices llama.cpp would use, in its order (the order --tensor-split follows)."""
+    args = [str(binary("llama-server"))]
+    if endpoints:
+        args += ["--rpc", ",".join(map(str, endpoints))]  # before --list-devices, which acts as it is parsed
+    args.append("--list-devices")
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
+    devices = []
+    for line in (out.stdout + out.stderr).splitlines():
+        m = re.match(r"\s+(\w+): (.+) \((\d+) MiB, (\d+) MiB free\)", line)
+        if m:
+            devices.append(Device(m[1], m[2], int(m[3]), int(m[4])))
+    return devices
+
+
+@dataclasses.dataclass
+class WorkerConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    devices: str | None = None  # "CUDA0,CUDA1"
+    cache: bool = False
+    threads: int | None = None
+    allow_network: bool = False
+
+    def __post_init__(self) -> None:
+        problem = host_problem(self.host)
+        if problem:
+            raise RpcError(f"--host {self.host!r} is {problem}: use 127.0.0.1, or this machine's private-network address with --allow-network")
+        if self.host in ("0.0.0.0", "::") and not self.allow_network:
+            raise RpcError(f"--host {self.host} would expose rpc-server on every interface: {NO_AUTH_WARNING}; "
+                           "if this host is on a private network, pass --allow-network with that network's own address")
+        if not is_loopback(self.host) and not self.allow_network:
+            raise RpcError(f"--host {self.host} is not loopback: {NO_AUTH_WARNING}; pass --allow-network to bind it anyway")
+        if not 1 <= self.port <= 65535:
+            raise RpcError(f"--port {self.port}: must be between 1 and 65535")
+        if self.threads is not None and self.threads < 1:
+            raise RpcError(f"--threads {self.threads}: must be at least 1 (or leave it out: rpc-server picks)")
+        refused = bind_refusal(self.host, self.port)
+        if refused:
+            in_use, reason = refused
+            raise RpcError(reason + (": pass another --port" if in_use else ""))
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint("127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host, self.port)
+
+    def to_argv(self, rpc_binary: str | os.PathLike[str]) -> list[str]:
+        argv = [str(rpc_binary), "--host", self.host, "--port", str(self.port)]
+        if self.devices:
+            argv += ["--device", self.devices]
+        if self.cache:
+            argv.append("--cache")
+        if self.threads:
+            argv += ["--threads", str(self.threads)]
+        return argv
+
+
+class RpcWorker(ManagedProcess):
+    """A supervised rpc-server; ready when it answers the RPC handshake."""
+
+    name = "rpc-server"
+
+    def __init__(self, config: WorkerConfig, *, log_path: str | os.PathLike[str] | None = None, ready_timeout: float | None = 120,
+                 restart: int = 0, on_event=None, env: dict[str, str] | None = None) -> None:
+        self.config = config
+        super().__init__(config.to_argv(binary("rpc-server")), log_path=log_path, ready_timeout=ready_timeout,
+                         restart=restart, on_event=on_event, env=env)
+
+    def ready(self) -> bool:
+        try:
+            hello(self.config.endpoint, timeout=1.0)
+            return True
+        except RpcError:
+            return False

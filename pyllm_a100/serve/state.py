@@ -1,0 +1,283 @@
+"""Managed servers on disk: ``$PYLLM_HOME/servers/NAME/`` holds state.json, server.log, api_key.
+
+The tree is private: folders 0700, files 0600 (logs hold prompts; the key file is a
+secret), as ssh and huggingface_hub's token do. state.json is replaced atomically (write
+a temporary file, rename). An entry is *ours* only while the recorded supervisor PID runs
+with the recorded start time and command line; otherwise it is stale and removed by
+:func:`list_servers` -- except a server that failed, which stays listed (``failed``, with
+its reason and logs) until ``pyllm stop NAME`` or ``pyllm ps --prune``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ..errors import ServerNotFound, StateError
+
+STATE = "state.json"
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+
+
+def home() -> Path:
+    """``$PYLLM_HOME`` (default ``~/.cache/pyllm-a100``); refused when it (or a parent) is not a folder."""
+    raw = os.environ.get("PYLLM_HOME")
+    path = Path(raw or Path.home() / ".cache" / "pyllm-a100").expanduser()
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        where = "PYLLM_HOME" if raw else "the default state folder"
+        what = "is a file" if probe == path else f"is under {probe}, which is a file"
+        raise StateError(f"{where} {path} {what}, not a folder: point PYLLM_HOME at a folder (or unset it to use ~/.cache/pyllm-a100)")
+    return path
+
+
+def servers_dir() -> Path:
+    return home() / "servers"
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and missing parents) as 0700; an existing folder of ours is narrowed to 0700."""
+    missing = []
+    probe = path
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    try:
+        for folder in reversed(missing):
+            folder.mkdir(mode=PRIVATE_DIR, exist_ok=True)
+            os.chmod(folder, PRIVATE_DIR)  # mkdir's mode passes through the umask
+        if path.stat().st_mode & 0o077 and path.stat().st_uid == os.getuid():
+            os.chmod(path, PRIVATE_DIR)
+    except NotADirectoryError as exc:
+        raise StateError(f"cannot create {path}: a part of it is a file, not a folder ({exc.filename}); point PYLLM_HOME at a folder") from exc
+    except OSError as exc:
+        raise StateError(f"cannot create {path} ({exc.strerror}): make it writable, or point PYLLM_HOME at a writable folder") from exc
+    return path
+
+
+def open_private(path: Path, mode: str = "ab"):
+    """Open a file that is created 0600 (logs and events hold prompts and errors)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode.startswith("a") else os.O_TRUNC)
+    return os.fdopen(os.open(path, flags, PRIVATE_FILE), mode, buffering=0 if "b" in mode else -1)
+
+
+def append_line(path: Path, text: str) -> None:
+    with open_private(path, "a") as f:
+        f.write(text.rstrip("\n") + "\n")
+
+
+def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # threads of one supervisor too
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def write_secret(path: Path, text: str) -> Path:
+    """A file only its owner can read (mode 0600 from creation, not chmod afterwards)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """state.json as a dict; anything unreadable (bytes, a list, a string, a missing file) is ``{}``."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def cmdline_digest(cmdline: list[str]) -> str:
+    """What identifies the process we started without storing its argv (which may hold an --api-key)."""
+    return hashlib.sha256("\0".join(cmdline).encode(errors="replace")).hexdigest()
+
+
+def owner_record() -> dict[str, Any]:
+    """This process's identity, recorded in state.json: PID, start time and command line digest."""
+    me = psutil.Process()
+    return {"supervisor_pid": me.pid, "started_at": me.create_time(), "cmdline_sha256": cmdline_digest(me.cmdline())}
+
+
+@dataclasses.dataclass
+class ServerEntry:
+    name: str
+    directory: Path
+    data: dict[str, Any]
+
+    @property
+    def pid(self) -> int:
+        try:
+            return int(self.data.get("supervisor_pid") or 0)
+        except (TypeError, ValueError):
+            return 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "server.log"
+
+    @property
+    def failed(self) -> bool:
+        return self.data.get("status") == "failed"
+
+    def alive(self) -> bool:
+        """The pyllm process that owns this server still runs: same PID, start time and command line."""
+        return self.process() is not None
+
+    def process(self) -> psutil.Process | None:
+        """The owning process, only when it is the one we started (never a recycled or forged PID)."""
+        if self.pid <= 1 or self.pid == os.getpid():
+            return None
+        try:
+            started = float(self.data.get("started_at"))
+            proc = psutil.Process(self.pid)
+            if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            if abs(proc.create_time() - started) > 1.0:
+                return None
+            digest = self.data.get("cmdline_sha256")
+            if digest != cmdline_digest(proc.cmdline()):
+                return None
+            return proc
+        except (psutil.Error, TypeError, ValueError):
+            return None
+
+
+def valid_name(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
+        raise ServerNotFound(f"server name {name!r} must be letters, digits, '.', '_' or '-' (up to 64)")
+    return name
+
+
+def new_server_dir(base_name: str) -> Path:
+    """A fresh folder for a server called ``base_name`` (or base_name-2, -3...), mode 0700."""
+    root = private_dir(servers_dir())
+    clean = re.sub(r"[^A-Za-z0-9._-]", "-", base_name)[:48].lstrip(".-_") or "server"
+    list_servers()  # drop stale entries first so their names are free again
+    for i in range(1, 1000):
+        name = clean if i == 1 else f"{clean}-{i}"
+        directory = root / name
+        try:
+            directory.mkdir(mode=PRIVATE_DIR)
+            return directory
+        except FileExistsError:
+            if directory.is_dir() and not (directory / STATE).exists() and not any(directory.glob("*.lock")):
+                return private_dir(directory)
+        except OSError as exc:
+            raise StateError(f"cannot create {directory} ({exc.strerror}): make {root} writable, or point PYLLM_HOME elsewhere") from exc
+    raise ServerNotFound(f"too many servers named {clean}: stop some (pyllm stop --all)")
+
+
+def save(directory: Path, data: dict[str, Any]) -> None:
+    write_json_atomic(directory / STATE, data, mode=PRIVATE_FILE)
+
+
+def update(directory: Path, **changes: Any) -> None:
+    data = read_state(directory / STATE)
+    data.update(changes)
+    save(directory, data)
+
+
+def _remove(entry: ServerEntry) -> None:
+    with contextlib.suppress(OSError):
+        (entry.directory / STATE).unlink()
+
+
+def list_servers(clean: bool = True, prune: bool = False) -> tuple[list[ServerEntry], list[str]]:
+    """Running and failed servers, and the names of stale entries that were removed.
+
+    Stale: the owning process is gone (or the PID now belongs to another program) and the
+    entry did not record a failure, or its state.json is unreadable. ``prune`` removes
+    failed entries too.
+    """
+    kept, stale = [], []
+    root = servers_dir()  # a PYLLM_HOME that is a file is said, not taken for "no servers"
+    if not root.is_dir():
+        return [], []
+    for directory in sorted(root.iterdir()):
+        path = directory / STATE
+        if not path.is_file():
+            continue
+        entry = ServerEntry(directory.name, directory, read_state(path))
+        if entry.alive():
+            kept.append(entry)
+        elif entry.failed and not prune:
+            kept.append(entry)
+        else:
+            stale.append(entry.name)
+            if clean:
+                _remove(entry)
+    return kept, stale
+
+
+def find(name: str | None) -> ServerEntry:
+    entries, _ = list_servers()
+    if name is None:
+        if len(entries) == 1:
+            return entries[0]
+        if not entries:
+            raise ServerNotFound("no managed server is running: start one with `pyllm serve MODEL --detach`")
+        raise ServerNotFound(f"{len(entries)} servers are listed ({', '.join(e.name for e in entries)}): name one")
+    for entry in entries:
+        if entry.name == name:
+            return entry
+    names = ", ".join(e.name for e in entries) or "none"
+    raise ServerNotFound(f"no managed server named {name!r} (listed: {names}): see `pyllm ps`")
+
+
+def stop(entry: ServerEntry, timeout: float = 30.0) -> bool:
+    """SIGTERM the owning pyllm process (it stops llama-server cleanly); KILL if it hangs.
+
+    Only a process that is provably ours (PID, start time and command line as recorded) is
+    signalled; a failed or stale entry is just removed. True when a process was stopped.
+    """
+    proc = entry.process()
+    if proc is not None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except psutil.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        except psutil.NoSuchProcess:
+            pass
+        try:
+            server_pid = int(entry.data.get("server_pid") or 0)
+        except (TypeError, ValueError):
+            server_pid = 0
+        if server_pid:
+            deadline = time.monotonic() + 10
+            while psutil.pid_exists(server_pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+    _remove(entry)
+    return proc is not None
