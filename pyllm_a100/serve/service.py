@@ -239,7 +239,7 @@ def start_detached(prepared: Prepared) -> subprocess.Popen[bytes]:
     state.write_json_atomic(prepared.directory / REQUEST, dataclasses.asdict(prepared.request), mode=state.PRIVATE_FILE)
     with state.open_private(prepared.directory / "supervisor.log", "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "pyllm_a100.cli", "_supervise", str(prepared.directory)],
+            [sys.executable, "-m", "pyllm_a100", "_supervise", str(prepared.directory)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             cwd="/",
         )
