@@ -18,8 +18,8 @@ from pathlib import Path
 from .models import fetch, fetch_pypi
 from .errors import FetchError
 from .serve.server import Server
-from .serve.state import home
-from .synth.writer import synthesize
+from .home import home
+from .synth import synthesize
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from ..errors import (
     VerificationFailed,
 )
 from .shards import SHARD_RE, set_members, shard_name
-from ..serve.state import home, write_json_atomic
+from ..home import home, write_json_atomic
 
 MANIFEST = ".pyllm-manifest.json"
 SIDECAR_PREFIXES = ("dspark-", "mtp-")  # speculative-decoding draft sidecars beside a model on the hub (drafts.py)

@@ -34,7 +34,7 @@ import psutil
 
 from . import fetch
 from ..errors import FetchError, HubUnreachable, NotEnoughDisk, RepoNotFound, VerificationFailed
-from ..serve.state import home
+from ..home import home
 
 log = logging.getLogger(__name__)
 

@@ -111,7 +111,7 @@ class ManagedProcess(abc.ABC):
         env = dict(self.env if self.env is not None else os.environ)
         env.setdefault("CUDA_CACHE_MAXSIZE", "4294967296")  # keep JIT-compiled PTX between runs
         if self.log_path is not None:
-            from .state import open_private
+            from ..home import open_private
 
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log_file = open_private(self.log_path, "ab")  # 0600: the log holds prompts

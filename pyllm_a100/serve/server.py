@@ -370,7 +370,7 @@ class Server(ManagedProcess):
         """The key as a file llama-server reads (--api-key-file): never on its command line."""
         import tempfile
 
-        from .state import write_secret
+        from ..home import write_secret
 
         directory = Path(log_path).parent if log_path else Path(tempfile.mkdtemp(prefix="pyllm-key-"))
         return write_secret(directory / "api_key", api_key)

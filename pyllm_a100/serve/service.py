@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import home as files
 from . import state
 from ..errors import InvalidArgument, ServerDied, ServerError
 from .net import is_loopback
@@ -143,7 +144,7 @@ def prepare(request: ServeRequest, api_key: str | None = None) -> Prepared:
     if api_key is None and request.api_key_file is None and not is_loopback(request.host):
         api_key = generated = secrets.token_urlsafe(32)
     if api_key is not None:
-        request.api_key_file = str(state.write_secret(directory / "api_key", api_key))
+        request.api_key_file = str(files.write_secret(directory / "api_key", api_key))
     request.port = probe.port
     request.name = directory.name
     config = dataclasses.replace(probe, api_key_file=Path(request.api_key_file) if request.api_key_file else None)
@@ -190,7 +191,7 @@ def run(
             on_progress(p)
 
     def event(message: str) -> None:
-        state.append_line(directory / "events.log", f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}")
+        files.append_line(directory / "events.log", f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}")
         if server is not None and server.status in ("ready", "restarting", "failed"):
             extra = {"error": server.last_exit} if server.status == "failed" else {}
             state.save(directory, _state_record(prepared, server, server.status, last_exit=server.last_exit, **extra))
@@ -207,7 +208,7 @@ def run(
         try:
             server.start()
         except ServerError as exc:
-            state.append_line(directory / "events.log", f"{time.strftime('%Y-%m-%d %H:%M:%S')} {server.name} failed to start: {exc}")
+            files.append_line(directory / "events.log", f"{time.strftime('%Y-%m-%d %H:%M:%S')} {server.name} failed to start: {exc}")
             state.save(directory, _state_record(prepared, server, "failed", error=str(exc)))
             raise
         state.save(directory, _state_record(prepared, server, "ready"))
@@ -236,8 +237,8 @@ def run(
 
 def start_detached(prepared: Prepared) -> subprocess.Popen[bytes]:
     """Start ``pyllm _supervise DIR`` in its own session; it outlives this process."""
-    state.write_json_atomic(prepared.directory / REQUEST, dataclasses.asdict(prepared.request), mode=state.PRIVATE_FILE)
-    with state.open_private(prepared.directory / "supervisor.log", "ab") as out:
+    files.write_json_atomic(prepared.directory / REQUEST, dataclasses.asdict(prepared.request), mode=files.PRIVATE_FILE)
+    with files.open_private(prepared.directory / "supervisor.log", "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "pyllm_a100", "_supervise", str(prepared.directory)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
