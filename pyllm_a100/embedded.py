@@ -15,13 +15,16 @@ import io
 import os
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from .build.bindings import llama_cpp_module
-from .errors import InvalidArgument, ModelError
-from .models.gguf_files import ModelFiles, resolve_model
 from .build.native import build_info
 from .devices.splits import check_against_devices, parse_tensor_split
+from .errors import InvalidArgument, ModelError
+from .models.drafts import DraftError, InProcessUnsupported, refuse_as_model
+from .models.drafts import resolve as resolve_draft
+from .models.gguf_files import ModelFiles, resolve_model
 
 _llama_cpp = llama_cpp_module()
 
@@ -78,8 +81,6 @@ class Llama(_llama_cpp.Llama):
         if n_gpu_layers is not None and n_gpu_layers < -1:
             raise InvalidArgument(f"--n-gpu-layers {n_gpu_layers}: give 0 (CPU only), a number of layers or -1 (all)")
         self.model_files: ModelFiles = resolve_model(model_path)
-        from .models.drafts import refuse_as_model
-
         refuse_as_model(self.model_files)
         self.last_generation = GenerationStats()
         if n_gpu_layers is None:
@@ -97,9 +98,7 @@ class Llama(_llama_cpp.Llama):
         from .build import bindings
 
         bindings.verbose_logs = verbose
-        if draft is not None:  # speculative decoding: prompt-lookup or a small model (drafts.in_process says why not DSpark/MTP)
-            from .models.drafts import in_process
-
+        if draft is not None:  # speculative decoding: prompt-lookup or a small model (in_process below says why not DSpark/MTP)
             kwargs["draft_model"] = in_process(self.model_files, draft, draft_max, n_gpu_layers=n_gpu_layers)
         quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stderr(io.StringIO())
         with quiet:
@@ -113,8 +112,6 @@ class Llama(_llama_cpp.Llama):
         self.verbose = verbose
         if draft is not None and not self._can_drop_tail():
             self.close()
-            from .models.drafts import InProcessUnsupported
-
             raise InProcessUnsupported(
                 f"draft={draft}: {self.model_files.architecture}'s cache cannot drop rejected draft tokens (llama-cpp-python "
                 "rewinds it in place; llama-server uses checkpoints instead): serve it with pyllm serve MODEL --draft")
@@ -201,3 +198,54 @@ class Llama(_llama_cpp.Llama):
         tail = decoder.decode(b"", final=True)
         if tail:
             yield tail
+
+
+# --- in-process speculative decoding (llama-cpp-python's draft_model) ---------------------------------
+
+PROMPT_LOOKUP = "prompt-lookup"
+
+
+def in_process(model: ModelFiles, spec: str | os.PathLike[str], n_max: int | None = None, **llama_options: object):
+    """A llama-cpp-python draft (``LlamaDraftModel``) for in-process ``Llama(draft=...)``.
+
+    llama-cpp-python's speculative decoding calls a Python object with the tokens so far and
+    verifies what it returns in one batch; it has no access to the target's hidden states.
+    So ``prompt-lookup`` (n-grams of the prompt) and a plain small model of the same
+    vocabulary work; DSpark, DFlash and MTP drafts are refused (they run in llama-server).
+    """
+    if n_max is not None and not 1 <= n_max <= 64:
+        raise DraftError(f"draft_max={n_max}: give the number of tokens drafted per step, 1 to 64")
+    if str(spec) == PROMPT_LOOKUP:
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        return LlamaPromptLookupDecoding(num_pred_tokens=n_max or 10)
+    draft = resolve_draft(model, spec, n_max)
+    if draft.spec_type != "draft-simple":
+        raise InProcessUnsupported(
+            f"draft={spec}: a {draft.spec_type} draft reads the model's hidden states inside llama.cpp, which "
+            "llama-cpp-python's draft_model cannot reach: serve it with pyllm serve MODEL --draft, or use "
+            f"draft='{PROMPT_LOOKUP}' or a small model of the same vocabulary in-process")
+    return SmallModelDraft(draft.files.first, n_max or 4, **llama_options)
+
+
+class SmallModelDraft:
+    """A small model proposing ``n`` greedy tokens per step (llama-cpp-python's ``LlamaDraftModel`` protocol).
+
+    The draft keeps its own KV cache: llama-cpp-python's ``generate`` re-evaluates only what
+    follows the longest prefix it already holds.
+    """
+
+    def __init__(self, path: Path, n: int, **llama_options: object) -> None:
+        self.n = n
+        llama_options.setdefault("n_ctx", 4096)
+        self.llm = Llama(path, **llama_options)
+
+    def __call__(self, input_ids, /, **kwargs: object):
+        import numpy as np
+
+        out: list[int] = []
+        for token in self.llm.generate([int(t) for t in input_ids], temp=0.0, top_k=1, reset=True):
+            out.append(int(token))
+            if len(out) >= self.n:
+                break
+        return np.array(out, dtype=np.intc)

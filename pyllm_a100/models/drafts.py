@@ -174,56 +174,5 @@ def resolve(model: ModelFiles, spec: str | os.PathLike[str], n_max: int | None =
 
 # --- in-process (llama-cpp-python) ------------------------------------------------------------
 
-PROMPT_LOOKUP = "prompt-lookup"
-
-
 class InProcessUnsupported(DraftError):
     """``draft=dspark.gguf: DSpark drafts read the target's hidden states inside llama.cpp: use pyllm serve --draft``"""
-
-
-def in_process(model: ModelFiles, spec: str | os.PathLike[str], n_max: int | None = None, **llama_options: object):
-    """A llama-cpp-python draft (``LlamaDraftModel``) for in-process ``Llama(draft=...)``.
-
-    llama-cpp-python's speculative decoding calls a Python object with the tokens so far and
-    verifies what it returns in one batch; it has no access to the target's hidden states.
-    So ``prompt-lookup`` (n-grams of the prompt) and a plain small model of the same
-    vocabulary work; DSpark, DFlash and MTP drafts are refused (they run in llama-server).
-    """
-    if n_max is not None and not 1 <= n_max <= 64:
-        raise DraftError(f"draft_max={n_max}: give the number of tokens drafted per step, 1 to 64")
-    if str(spec) == PROMPT_LOOKUP:
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        return LlamaPromptLookupDecoding(num_pred_tokens=n_max or 10)
-    draft = resolve(model, spec, n_max)
-    if draft.spec_type != "draft-simple":
-        raise InProcessUnsupported(
-            f"draft={spec}: a {draft.spec_type} draft reads the model's hidden states inside llama.cpp, which "
-            "llama-cpp-python's draft_model cannot reach: serve it with pyllm serve MODEL --draft, or use "
-            f"draft='{PROMPT_LOOKUP}' or a small model of the same vocabulary in-process")
-    return SmallModelDraft(draft.files.first, n_max or 4, **llama_options)
-
-
-class SmallModelDraft:
-    """A small model proposing ``n`` greedy tokens per step (llama-cpp-python's ``LlamaDraftModel`` protocol).
-
-    The draft keeps its own KV cache: llama-cpp-python's ``generate`` re-evaluates only what
-    follows the longest prefix it already holds.
-    """
-
-    def __init__(self, path: Path, n: int, **llama_options: object) -> None:
-        from ..embedded import Llama
-
-        self.n = n
-        llama_options.setdefault("n_ctx", 4096)
-        self.llm = Llama(path, **llama_options)
-
-    def __call__(self, input_ids, /, **kwargs: object):
-        import numpy as np
-
-        out: list[int] = []
-        for token in self.llm.generate([int(t) for t in input_ids], temp=0.0, top_k=1, reset=True):
-            out.append(int(token))
-            if len(out) >= self.n:
-                break
-        return np.array(out, dtype=np.intc)
