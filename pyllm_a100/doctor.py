@@ -223,7 +223,7 @@ def _source(model: str) -> str:
     """"preset", "file" or "hub": a synth preset name, something on this disk (or fetched), else OWNER/NAME on a hub."""
     from .errors import ModelNotFound
     from .models.gguf_files import locate
-    from .synth.writer import PRESETS
+    from .synth import PRESETS
 
     if model in PRESETS:
         return "preset"
@@ -241,7 +241,7 @@ def _nvfp4_findings(arch: str, types: dict[str, int]) -> list[Finding]:
     if not count:
         return []
     out = [Finding("ok", f"{count} NVFP4 tensors: {NVFP4_NOTE}")]
-    from .synth.writer import NVFP4_SCALED_ARCHS
+    from .synth import NVFP4_SCALED_ARCHS
 
     if arch not in NVFP4_SCALED_ARCHS and arch != "llama":
         out.append(Finding("error", f"{arch} at this llama.cpp pin never applies NVFP4's per-expert scale_2 (ffn_*_exps.scale): "

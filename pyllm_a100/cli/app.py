@@ -73,7 +73,7 @@ def synth_cmd(
     """Write a synthetic GGUF model: a real architecture's layout and metadata, random weights."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-    from ..synth.writer import synthesize
+    from ..synth import synthesize
 
     with Progress(
         "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),

@@ -1,7 +1,69 @@
-"""Synthetic GGUF models with the real layouts (random weights): see writer's docstring."""
+"""Synthetic GGUF models: the tensor layout and metadata of real architectures, random weights.
+
+Tiny presets load and generate in seconds on a CPU (tests, the demo); real-shape presets
+(cut in depth with ``layers``) answer "will it fit, how fast will it run" before a
+150 GB download. Files are written tensor by tensor in bounded chunks through the
+``gguf`` package's writer, so memory does not grow with model size, and the same seed
+gives the same bytes. Layouts follow the pinned llama.cpp's loaders
+(``src/models/deepseek4.cpp``, ``glm-dsa.cpp``, ``llama.cpp``) and its converter
+(``conversion/deepseek.py``); values marked ``assumed`` in a preset are not from a
+public config.
+
+Weights: one rule for every preset and weight type, so activations stay in the ranges a
+trained model produces (unit-RMS inputs to every projection, each layer adding a modest
+update to the residual stream, routers whose scores are spread, not tied). Every tensor
+carries an :class:`Init`; each value is ``mean + std * z``, ``z ~ N(0, 1)`` from a stream
+of its own (seed, architecture, tensor name), and a quantized type stores the same
+distribution (block scales chosen for ``std``; quantized tensors have mean 0):
+
+- embeddings ``std = 1``: the residual stream enters the first layer at unit RMS and
+  each layer changes it by a fraction, as in the middle layers of a trained model. A deep
+  model builds that stream in its first layers (large early updates); a model of a few
+  layers has none, so its embedding carries the stream. Trained checkpoints store smaller
+  embeddings (about 0.01-0.05), but every layer reads the stream through an RMSNorm: only
+  the ratio of the carried stream to the layers' updates shapes the computation;
+- a projection that reads an activation (``reader``): ``std = 1/sqrt(fan_in)``, fan_in
+  the dimension it contracts (ggml's ``ne[0]``; MLA's ``attn_k_b`` the latent rank, as
+  the ``wkv_b`` it is split from). Routers, the output head, indexers, compressors and
+  the hyper-connection ``*_fn`` mixers are readers;
+- a projection that writes into the residual stream (``writer``: attention output,
+  FFN/shared/routed-expert down): ``std = 1/sqrt(fan_in * 2 * depth)``, depth the
+  preset's full layer count (a model cut with ``--layers`` keeps the full model's
+  per-layer weights): all layers together add about one unit to the stream. The routed
+  experts' down is further scaled by ``sqrt(experts used) / expert_weights_scale`` so
+  the weighted sum of the chosen experts has one expert's scale;
+- norm gains ``1 +- 0.1``; biases (``exp_probs_b`` router correction, LayerNorm bias)
+  ``N(0, 0.01^2)``. DeepSeek-V3's correction biases sit on a large common offset (about
+  +2 to +5), which changes no choice: only their spread across experts does, drawn
+  small beside the spread of the router scores (router logits come out near N(0, 1));
+  attention sinks ``N(0, 1)``, logits on the scale of attention scores; compressor
+  position biases ``N(0, 0.1^2)``;
+- hyper-connections (DeepSeek-V4) start at their identity point plus noise 0.1:
+  ``hc_*_base`` makes the pre-weights ``1/hc`` (the mean of the streams), the
+  post-weights 1 and the Sinkhorn comb 0.9 on its diagonal; ``hc_*_scale`` is 0.1, so
+  the token-dependent part moves them a little;
+- hash-routing tables (I32) name ``n_expert_used`` distinct experts per token.
+
+Other planners (architectures added in other modules) build a :class:`Plan` with
+:meth:`Plan.tensor` and these initializers; :func:`draw` is the one place values are
+generated.
+
+The package: ``plan`` (Init, TensorSpec, Plan: the shared pieces), ``layouts`` (the transformer
+architectures), ``recurrent`` (Mamba), ``drafts`` (DSpark/MTP draft layouts), ``presets`` (named
+dimensions and the plan of a preset), ``tensors`` (weight types and random bytes), ``vocab`` (the
+tokenizer) and ``writer`` (GGUF files on disk). Each imports only the ones before it.
+"""
 
 from __future__ import annotations
 
-from .writer import PRESETS, WEIGHT_TYPES, SynthError, SynthResult, parse_size, quantize_nvfp4, synthesize
+from .layouts import deepseek4_compress_ratios
+from .plan import Init, Plan, SynthError, TensorSpec
+from .presets import PLANNERS, PRESETS, Preset, hparams_for, plan, preset
+from .tensors import NVFP4_SCALED_ARCHS, WEIGHT_TYPES, draw, ggml_type_for, quantize_nvfp4, tensor_nbytes, typed_tensors
+from .writer import SynthResult, parse_size, synthesize
 
-__all__ = ["PRESETS", "WEIGHT_TYPES", "SynthError", "SynthResult", "parse_size", "quantize_nvfp4", "synthesize"]
+__all__ = [
+    "NVFP4_SCALED_ARCHS", "PLANNERS", "PRESETS", "WEIGHT_TYPES", "Init", "Plan", "Preset", "SynthError", "SynthResult",
+    "TensorSpec", "deepseek4_compress_ratios", "draw", "ggml_type_for", "hparams_for", "parse_size", "plan", "preset",
+    "quantize_nvfp4", "synthesize", "tensor_nbytes", "typed_tensors",
+]

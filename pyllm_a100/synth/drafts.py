@@ -23,17 +23,15 @@ loads with ``-md`` beside the target of the same preset and seed; ``--layers N``
   tensors have the target's names and architecture, so :func:`synth.draw` gives them the
   target's exact values for the same seed.
 
-Weights are random by synth.py's rule, so a draft proposes tokens the target rarely
+Weights are random by the synth package's rule, so a draft proposes tokens the target rarely
 accepts (acceptance near 0): these files test the path (loading, flags, exactness), not
 the speed-up. Values marked ``assumed`` are not from a public config.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .writer import Plan
+from .layouts import _plan_deepseek4, _plan_glm_dsa, deepseek4_compress_ratios
+from .plan import EMBEDDING, GAIN, Plan, reader
 
 
 def dspark_target_layers(depth: int) -> list[int]:
@@ -44,7 +42,6 @@ def dspark_target_layers(depth: int) -> list[int]:
 
 def _plan_dspark(h: dict, n_layers: int) -> Plan:
     """A DeepSeek-V4 DSpark draft for a target of ``n_layers`` layers."""
-    from .writer import EMBEDDING, GAIN, _plan_deepseek4, reader
     from .vocab import CONTROL_TOKENS, PAD
 
     stages = h["draft_stages"]
@@ -74,7 +71,6 @@ def _mtp_only(p: Plan, n_layers: int, keep: tuple[str, ...]) -> Plan:
 
 
 def _nextn(p: Plan, n_layers: int, n_embd: int) -> None:
-    from .writer import reader
 
     b = f"blk.{n_layers}.nextn"
     p.tensor(f"{b}.eh_proj.weight", (2 * n_embd, n_embd), init=reader(2 * n_embd))
@@ -85,7 +81,6 @@ def _nextn(p: Plan, n_layers: int, n_embd: int) -> None:
 
 def _plan_deepseek4_mtp(h: dict, n_layers: int) -> Plan:
     """An ``mtp-*`` sidecar for a DeepSeek-V4 target of ``n_layers`` layers."""
-    from .writer import _plan_deepseek4, deepseek4_compress_ratios
 
     ratios = list(h.get("compress_ratios") or deepseek4_compress_ratios(n_layers))[:n_layers]
     ratios += [0] * (n_layers - len(ratios)) + [0]  # the MTP block: uncompressed attention (assumed)
@@ -101,7 +96,6 @@ def _plan_deepseek4_mtp(h: dict, n_layers: int) -> Plan:
 def _plan_glm_dsa_mtp(h: dict, n_layers: int, arch: str = "glm-dsa", inside: bool = False) -> Plan:
     """An ``mtp-*`` sidecar for a GLM-5 (or DeepSeek-V3.2) target of ``n_layers`` layers; ``inside``: the
     whole model with its NextN block kept (a conversion without ``--no-mtp``)."""
-    from .writer import _plan_glm_dsa
 
     p = _plan_glm_dsa(h, n_layers + 1, arch=arch)
     p.add("nextn_predict_layers", 1, "u32")
@@ -125,9 +119,8 @@ DSPARK_ASSUMED = ("draft_stages=1", "block_size=8 (7 draft tokens)", "markov_ran
                   "target layers spread over the depth (first, middle, last)", "mask token = the pad token")
 
 
-def presets() -> list[dict]:
+def presets(PRESETS: dict) -> list[dict]:  # noqa: N803  (the target presets, synth.presets.PRESETS)
     """Keyword arguments of synth.Preset for each draft preset, built from the target presets."""
-    from .writer import PRESETS
 
     out = []
     for target, extra, assumed in (("tiny-deepseek4", _DSPARK_TINY, ()), ("deepseek-v4-flash", _DSPARK_REAL, DSPARK_ASSUMED)):

@@ -6,27 +6,23 @@
 llama.cpp treats it as recurrent (``llama_model_is_recurrent``): one state per sequence
 instead of a KV cache, which is what llama-cpp-python's prompt-cache tests exercise.
 
-Tensors follow synth.py's init rule (its docstring): the embedding, readers and the
+Tensors follow the synth package's init rule (its docstring): the embedding, readers and the
 residual writer ``ssm_out`` as there; the depthwise convolution reads ``d_conv`` taps
 (``reader(d_conv)``); Mamba's own initialization for the rest: ``ssm_a`` = ``-exp(A_log)``
 with ``A_log = log(1..d_state)`` (a decaying state, as every real checkpoint), ``ssm_d``
 near 1, the time-step bias near ``softplus^-1(0.02)`` (-4). The convolution weights,
 ``ssm_a``/``ssm_d`` and the biases are ``f32`` (ggml's ``ssm_conv``/``ssm_scan`` read them as F32).
 
-synth.py adds :data:`PLANNERS` and :data:`PRESETS` to its own tables.
+synth.presets adds :data:`PLANNERS` and :data:`PRESETS` to its own tables.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .writer import Plan
+from .plan import BIAS, EMBEDDING, GAIN, Init, Plan, reader, writer
 
 
 def _plan_mamba(h: dict, n_layers: int) -> Plan:
     """As llama_model_mamba::load_arch_hparams / load_arch_tensors."""
-    from .writer import BIAS, EMBEDDING, GAIN, Init, Plan, reader, writer
 
     p = Plan("mamba", n_layers, [], [])
     n_embd, d_conv, d_state, dt_rank = h["n_embd"], h["d_conv"], h["d_state"], h["dt_rank"]
@@ -62,7 +58,7 @@ def _plan_mamba(h: dict, n_layers: int) -> Plan:
 
 PLANNERS = {"mamba": _plan_mamba}
 
-# Keyword arguments of synth.Preset (synth.py builds them; this module does not import it at load).
+# Keyword arguments of synth.Preset (synth.presets builds them).
 PRESETS = (
     dict(name="tiny-mamba", family="mamba", description="2-layer Mamba-1 (recurrent state, no KV cache), 256 wide",
          hparams=dict(n_layers=2, n_embd=256, d_conv=4, d_state=16, dt_rank=16, n_vocab=1024, n_ctx=4096),
