@@ -342,18 +342,11 @@ def test_foreground_death_is_one_line(tiny_deepseek4: Path, pyllm_home: Path) ->
 
 def test_no_import_cycle_between_package_modules() -> None:
     """Every import of pyllm_a100 modules (top level and inside functions) forms no cycle."""
-    import ast
+    from layout import import_graph
 
-    package = Path(__import__("pyllm_a100").__file__).parent
-    graph: dict[str, set[str]] = {}
-    for path in package.glob("*.py"):
-        module = path.stem
-        deps = graph.setdefault(module, set())
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                names = [node.module] if node.module else [a.name for a in node.names]
-                deps.update(n.split(".")[0] for n in names)
-    assert "gguf_files" not in graph["fetch"] and "fetch" not in graph.get("shards", set())
+    graph = import_graph()
+    fetch, gguf_files, shards = "models.fetch", "models.gguf_files", "models.shards"
+    assert gguf_files not in graph[fetch] and fetch not in graph.get(shards, set())
 
     def cycle_from(start: str) -> list[str] | None:
         stack = [(start, [start])]
@@ -366,7 +359,7 @@ def test_no_import_cycle_between_package_modules() -> None:
                     stack.append((dep, path + [dep]))
         return None
 
-    assert cycle_from("fetch") is None and cycle_from("gguf_files") is None
+    assert cycle_from(fetch) is None and cycle_from(gguf_files) is None
 
 
 # --- docs/reliability.md stays generated ---------------------------------------------------------------------------------

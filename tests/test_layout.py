@@ -1,0 +1,56 @@
+"""The tree reads like the architecture (docs/architecture.md): layers that import one way, small modules."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from layout import PACKAGE, import_graph
+
+REPO = PACKAGE.parent
+
+
+def test_the_layering_contract_holds() -> None:
+    """import-linter's contract in pyproject.toml: cli on top, then tasks, bench, serve/embedded, models, synth, build."""
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
+    assert lint, "lint-imports is not installed: pip install '.[test]' (it brings import-linter)"
+    result = subprocess.run([lint, "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "0 broken" in result.stdout, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def test_no_module_imports_itself_back() -> None:
+    """No import circle anywhere in the package, at module level or inside functions (the root __init__ aside)."""
+    graph = import_graph()
+    graph.pop("", None)
+    for deps in graph.values():
+        deps.discard("")
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                return path[path.index(dep):] + [dep] if dep in path else path + [dep]
+            if dep not in state:
+                found = visit(dep, path + [dep])
+                if found:
+                    return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            cycle = visit(start, [start])
+            assert cycle is None, " -> ".join(cycle)
+
+
+def test_few_top_level_modules_and_none_too_long() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 12, top
+    long_modules = [f"{p.relative_to(REPO)} ({n})" for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 700]
+    assert not long_modules, long_modules
+    scripts = [p for d in ("scripts", "benchmarks") for p in (REPO / d).iterdir() if p.is_file() and p.suffix in ("", ".py")]
+    long_scripts = [f"{p.relative_to(REPO)} ({n})" for p in scripts if (n := len(p.read_text().splitlines())) > 300]
+    assert not long_scripts, long_scripts
