@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import JsonFlag, _table
+from .common import JsonFlag, print_table
 
 
 def bench_cmd(
@@ -44,8 +44,8 @@ def bench_cmd(
         if as_json:
             print(json.dumps(cost.as_row(), indent=2))
             return
-        _table(f"one forward of k tokens at depth {cost.depth} vs one decode step ({cost.decode_ms:.3f} ms)",
-               ["k", "ms per forward", "x decode step"], [[str(r["k"]), f"{r['ms']:.3f}", f"{r['ratio']:.2f}"] for r in cost.rows])
+        print_table(f"one forward of k tokens at depth {cost.depth} vs one decode step ({cost.decode_ms:.3f} ms)",
+                    ["k", "ms per forward", "x decode step"], [[str(r["k"]), f"{r['ms']:.3f}", f"{r['ratio']:.2f}"] for r in cost.rows])
         return
     if spec_args is not None:
         import shlex
@@ -92,10 +92,10 @@ def bench_cmd(
                           "servers": servers, "levels": [dict(r.as_row(), scaling=ratios[(r.slots, r.concurrency)]) for r in rows],
                           "failures": failures}, indent=2))
     else:
-        _table(f"prompt {prompt_tokens} tokens, {gen_tokens} generated, {repeat} request(s) per stream",
-               ["--parallel", "streams", "aggregate t/s", "x 1 stream", "per-stream t/s", "TTFT p50 s", "TTFT p99 s", "requests", "failures"],
-               [[r.slots, str(r.concurrency), f"{r.aggregate_tps:.1f}", f"{ratios[(r.slots, r.concurrency)]:.2f}", f"{r.per_stream_tps:.1f}", f"{r.ttft_p50_s:.3f}",
-                 f"{r.ttft_p99_s:.3f}", str(r.requests), str(r.failures)] for r in rows])
+        print_table(f"prompt {prompt_tokens} tokens, {gen_tokens} generated, {repeat} request(s) per stream",
+                    ["--parallel", "streams", "aggregate t/s", "x 1 stream", "per-stream t/s", "TTFT p50 s", "TTFT p99 s", "requests", "failures"],
+                    [[r.slots, str(r.concurrency), f"{r.aggregate_tps:.1f}", f"{ratios[(r.slots, r.concurrency)]:.2f}", f"{r.per_stream_tps:.1f}", f"{r.ttft_p50_s:.3f}",
+                      f"{r.ttft_p99_s:.3f}", str(r.requests), str(r.failures)] for r in rows])
     if failures:
         first = next(r.first_error for r in rows if r.first_error)
         raise bench.BenchError(f"{failures} request(s) failed (first: {first}): see the server's log (pyllm logs) or lower --concurrency")

@@ -14,7 +14,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 
 
-def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+def print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
     """A plain rich table on stdout (wide enough not to wrap when piped)."""
     from rich import box
     from rich.table import Table
