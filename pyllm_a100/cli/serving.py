@@ -1,0 +1,253 @@
+"""Managed servers and RPC workers: serve, rpc-worker, ps, stop, logs and the hidden _supervise."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .common import JsonFlag, err
+
+
+def _progress_printer(label: str):
+    """A rich progress bar fed with LoadProgress; returns (context manager, callback)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TextColumn("{task.percentage:>3.0f}%"),
+        TimeRemainingColumn(), TimeElapsedColumn(), console=err, transient=True,
+    )
+    task = bar.add_task(label, total=None)
+
+    def update(p) -> None:
+        phase = {"loading": f"loading {label}", "preparing": "preparing (weights mapped; warming up)", "ready": "ready"}[p.phase]
+        bar.update(task, completed=p.loaded, total=p.total, description=phase)
+
+    return bar, update
+
+
+def _print_ready(url: str, served_name: str, api_key: str | None, key_file: str | None, generated: bool, seconds: float | None) -> None:
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
+    print(f"ready{took}: {url}/v1  (model \"{served_name}\")")
+    auth = ""
+    if api_key and generated:
+        print(f"API key (shown once; stored in {key_file}, mode 0600): {api_key}")
+    if key_file:
+        auth = f" -H \"Authorization: Bearer $(cat {key_file})\""
+    body = json.dumps({"model": served_name, "messages": [{"role": "user", "content": "Hello"}]})
+    print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'")
+    sys.stdout.flush()
+
+
+def serve_cmd(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(help="A .gguf file, shard 1 of a set, or a folder/glob holding one set.")],
+    tensor_split: Annotated[Optional[str], typer.Option(help="How to spread layers over GPUs: 1x8, 3,1, 2x2,1x4.")] = None,
+    split_mode: Annotated[Optional[str], typer.Option(help="layer (default), tensor or none (row is gone from llama.cpp's CUDA backend).")] = None,
+    ctx_size: Annotated[Optional[int], typer.Option(help="Context length in tokens (default: the model's, at most 16384).")] = None,
+    host: Annotated[str, typer.Option(help="Address to bind; anything but loopback requires an API key.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8080,
+    api_key: Annotated[Optional[str], typer.Option(
+        help="Require this API key (generated for non-loopback hosts). Prefer PYLLM_API_KEY: a value given here shows in ps.",
+        envvar="PYLLM_API_KEY")] = None,
+    n_gpu_layers: Annotated[Optional[int], typer.Option(help="Layers on GPU (default: all when a GPU is visible).")] = None,
+    parallel: Annotated[Optional[int], typer.Option(help="Request slots served at once.")] = None,
+    cors_origins: Annotated[Optional[str], typer.Option(help="Widen CORS beyond the server's own origin (e.g. '*').")] = None,
+    alias: Annotated[Optional[str], typer.Option(help="Model name clients use (default: the file's).")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Name in pyllm ps/stop/logs (default: MODEL-PORT).")] = None,
+    rpc: Annotated[Optional[str], typer.Option(help="rpc-server workers HOST:PORT[,...] holding layers too (pyllm rpc-worker).")] = None,
+    draft: Annotated[Optional[str], typer.Option(
+        help="Speculative decoding: a draft GGUF (DSpark, MTP or a small model of the same vocabulary; the kind is read "
+             "from the file), or auto for the one `pyllm fetch --draft` put beside the model.")] = None,
+    draft_max: Annotated[Optional[int], typer.Option(help="Tokens drafted per step (llama-server's --spec-draft-n-max; DSpark: 7).")] = None,
+    detach: Annotated[bool, typer.Option(help="Return once ready; a supervisor keeps it running.")] = False,
+    restart: Annotated[Optional[int], typer.Option(help="Restarts after a crash (default: 3 detached, 0 in the foreground).")] = None,
+) -> None:
+    """Run llama-server on MODEL with a progress bar, safe defaults and supervision.
+
+    Extra llama-server flags go after --, e.g. pyllm serve m.gguf -- --no-mmap
+    """
+    from ..serve import service
+
+    request = service.ServeRequest(
+        model=model, host=host, port=port, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
+        tensor_split=tensor_split, split_mode=split_mode, parallel=parallel, cors_origins=cors_origins,
+        alias=alias, rpc=rpc, draft=draft, draft_max=draft_max, extra_args=list(ctx.args), restart=restart if restart is not None else (3 if detach else 0),
+        name=name,
+    )
+    prepared = service.prepare(request, api_key=api_key)
+    if prepared.config.rpc:
+        _print_devices(prepared.config.rpc, prepared.config.tensor_split)
+    key = api_key or prepared.generated_key
+    cfg = prepared.config
+    offload = "all" if (cfg.n_gpu_layers or 0) >= 999 else cfg.n_gpu_layers
+    gpus = f", layers offloaded: {offload}" + (" (RPC workers)" if cfg.rpc else "") if cfg.n_gpu_layers else ", CPU"
+    split = f", tensor split {tensor_split}" if tensor_split else ""
+    err.print(
+        f"serving {cfg.model.first.name} ({cfg.model.architecture}, {len(cfg.model.shards)} file(s), "
+        f"{cfg.model.total_bytes / 2**30:.2f} GiB{gpus}{split}) as {prepared.directory.name}", highlight=False
+    )
+    if cfg.draft is not None:
+        d = cfg.draft.describe()
+        per_step = f", at most {d['n_max']} tokens per step" if d["n_max"] else ""
+        err.print(f"draft: {d['path']} ({d['spec_type']}{per_step})", highlight=False)
+    bar, update = _progress_printer(cfg.model.name)
+    if detach:
+        proc = service.start_detached(prepared)
+        with bar:
+            data = service.wait_detached(prepared, proc, on_progress=update)
+        _print_ready(cfg.public_url, cfg.served_name, key, prepared.request.api_key_file,
+                     prepared.generated_key is not None, (data.get("progress") or {}).get("seconds"))
+        print(f"detached as {prepared.directory.name} (supervisor pid {proc.pid}); pyllm logs {prepared.directory.name} -f; pyllm stop {prepared.directory.name}")
+        return
+
+    def ready(server) -> None:
+        bar.stop()
+        _print_ready(cfg.public_url, cfg.served_name, key, prepared.request.api_key_file,
+                     prepared.generated_key is not None, time.monotonic() - started)
+        print("Ctrl-C stops it.")
+
+    started = time.monotonic()
+    with bar:
+        code = service.run(prepared, on_progress=update, on_ready=ready,
+                           on_event=lambda m: err.print(m, highlight=False, soft_wrap=True, markup=False))
+    sys.exit(code)
+
+
+def _print_devices(endpoints, split) -> None:
+    """The devices llama.cpp will use (local GPUs and RPC workers), their memory, and each one's share."""
+    from ..serve.rpc import list_devices
+
+    devices = list_devices(endpoints)
+    weights = split or [1.0] * len(devices)
+    weights = list(weights) + [0.0] * (len(devices) - len(weights))
+    total = sum(weights) or 1.0
+    for device, weight in zip(devices, weights):
+        err.print(f"  {device.name:<6} {device.description:<36} {device.total_mib / 1024:7.1f} GiB ({device.free_mib / 1024:.1f} free)  share {weight / total:5.1%}")
+
+
+def rpc_worker_cmd(
+    host: Annotated[str, typer.Option(help="Address to bind (loopback unless --allow-network).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 50052,
+    device: Annotated[Optional[str], typer.Option(help="Devices to offer, e.g. CUDA0,CUDA1 (default: all).")] = None,
+    cache: Annotated[bool, typer.Option(help="Cache received tensors on local disk (faster reloads).")] = False,
+    threads: Annotated[Optional[int], typer.Option(help="CPU threads for a CPU device.")] = None,
+    allow_network: Annotated[bool, typer.Option(
+        help="Bind a non-loopback address. rpc-server has NO authentication and has had memory-safety bugs "
+             "reachable over the network: use only on a private network or behind a tunnel.")] = False,
+    name: Annotated[Optional[str], typer.Option(help="Name in pyllm ps/stop/logs (default: rpc-worker-PORT).")] = None,
+    detach: Annotated[bool, typer.Option(help="Return once it answers; a supervisor keeps it running.")] = False,
+    restart: Annotated[Optional[int], typer.Option(help="Restarts after a crash (default: 3 detached, 0 in the foreground).")] = None,
+) -> None:
+    """Run llama.cpp's rpc-server from this build, supervised, so pyllm serve --rpc can put layers here."""
+    from ..serve import service
+    from ..serve.rpc import NO_AUTH_WARNING
+
+    request = service.WorkerRequest(host=host, port=port, devices=device, cache=cache, threads=threads,
+                                    allow_network=allow_network, name=name,
+                                    restart=restart if restart is not None else (3 if detach else 0))
+    prepared = service.prepare_worker(request)
+    if allow_network:
+        err.print(f"[yellow]warning:[/] {NO_AUTH_WARNING}")
+    endpoint = prepared.config.endpoint
+    if detach:
+        proc = service.start_detached(prepared)
+        service.wait_detached(prepared, proc)
+        print(f"rpc-server ready at {prepared.config.host}:{port} as {prepared.directory.name} (supervisor pid {proc.pid})")
+        print(f"use it: pyllm serve MODEL --rpc {endpoint}   stop it: pyllm stop {prepared.directory.name}")
+        return
+
+    def ready(worker) -> None:
+        print(f"rpc-server ready at {prepared.config.host}:{port} (pid {worker.pid}); use it: pyllm serve MODEL --rpc {endpoint}")
+        print("Ctrl-C stops it.")
+        sys.stdout.flush()
+
+    sys.exit(service.run(prepared, on_ready=ready, on_event=lambda m: err.print(m, highlight=False, markup=False)))
+
+
+def supervise_cmd(directory: Path) -> None:
+    """(internal) Run a detached server described by DIRECTORY/request.json."""
+    from ..serve import service
+
+    sys.exit(service.supervise(directory))
+
+
+def ps_cmd(
+    as_json: JsonFlag = False,
+    prune: Annotated[bool, typer.Option(help="Also remove failed servers' entries (their logs stay on disk).")] = False,
+) -> None:
+    """Managed servers: name, status, endpoint, model, PIDs. Stale entries are cleaned; failed ones stay until stopped or pruned."""
+    from ..serve import state
+
+    entries, stale = state.list_servers(prune=prune)
+    if as_json:
+        print(json.dumps([dict(e.data, name=e.name) for e in entries], indent=2))
+        return
+    for name in stale:
+        err.print(f"removed {'entry' if prune else 'stale entry'} {name} (its process is gone)", markup=False)
+    if not entries:
+        print("no managed servers")
+        return
+    print(f"{'NAME':<28} {'KIND':<10} {'STATUS':<11} {'URL':<26} {'PID':>7} {'RESTARTS':>8}  MODEL")
+    for e in entries:
+        d = e.data
+        pid = "-" if e.failed else (d.get("server_pid") or "-")
+        print(f"{e.name:<28} {str(d.get('kind', 'server')):<10} {str(d.get('status', '?')):<11} {str(d.get('url', '')):<26} "
+              f"{pid:>7} {d.get('restarts', 0):>8}  {d.get('model', '')}")
+        if isinstance(d.get("draft"), dict):
+            print(f"  draft: {d['draft'].get('path')} ({d['draft'].get('spec_type')})")
+        if e.failed:
+            print(f"  failed: {' '.join(str(d.get('error') or 'unknown').split())}")
+            print(f"  logs: pyllm logs {e.name}; remove: pyllm stop {e.name} (or pyllm ps --prune)")
+
+
+def stop_cmd(
+    name: Annotated[Optional[str], typer.Argument(help="Server to stop (see pyllm ps).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Stop every managed server.")] = False,
+) -> None:
+    """Stop a managed server (SIGTERM, then SIGKILL if it does not exit)."""
+    from ..serve import state
+
+    if all_:
+        entries, stale = state.list_servers()
+        for gone in stale:
+            err.print(f"removed stale entry {gone} (its process is gone)", markup=False)
+        if not entries:
+            print("no managed servers")
+    else:
+        entries = [state.find(name)]
+    for entry in entries:
+        if state.stop(entry):
+            print(f"stopped {entry.name}")
+        else:
+            print(f"removed {entry.name} ({'it had failed' if entry.failed else 'its process was gone'}; logs kept in {entry.directory})")
+
+
+def logs_cmd(
+    name: Annotated[Optional[str], typer.Argument(help="Server whose log to show (see pyllm ps).")] = None,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new lines.")] = False,
+    lines: Annotated[int, typer.Option("-n", help="Lines from the end to start with.")] = 50,
+) -> None:
+    """Print a managed server's llama-server log."""
+    from ..serve import state
+
+    entry = state.find(name)
+    path = entry.log_path
+    with open(path, "rb") as f:
+        tail = f.read().decode("utf-8", errors="replace").splitlines()[-lines:]
+        for line in tail:
+            print(line)
+        sys.stdout.flush()
+        while follow:
+            chunk = f.read()
+            if chunk:
+                sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+                sys.stdout.flush()
+            elif not entry.alive():
+                break
+            else:
+                time.sleep(0.3)
