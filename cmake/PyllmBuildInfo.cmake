@@ -80,6 +80,36 @@ function(pyllm_write_build_info path)
     endif()
   endforeach()
   pyllm_json_list(j_archs_known ${arch_names})
+  # Architectures llama.cpp refuses under --split-mode tensor: the cases of llm_arch_supports_sm_tensor
+  # that return false (null: this tree has no tensor split mode at all). pyllm serve reads the list.
+  file(READ "${PYLLM_SRC_TREE}/src/llama-arch.cpp" arch_cpp)
+  string(FIND "${arch_cpp}" "bool llm_arch_supports_sm_tensor" sm_start)
+  set(j_sm_tensor_refused "null")
+  if(sm_start GREATER -1)
+    string(SUBSTRING "${arch_cpp}" ${sm_start} 6000 sm_body)
+    string(FIND "${sm_body}" "default:" sm_stop)
+    string(SUBSTRING "${sm_body}" 0 ${sm_stop} sm_body)
+    string(REGEX MATCHALL "case LLM_ARCH_[A-Z0-9_]+" sm_cases "${sm_body}")
+    set(sm_refused "")
+    foreach(sm_case IN LISTS sm_cases)
+      string(REPLACE "case " "" sm_enum "${sm_case}")
+      foreach(line IN LISTS arch_lines)
+        if(line MATCHES "{ *${sm_enum}, *\"([^\"]+)\"")
+          list(APPEND sm_refused "${CMAKE_MATCH_1}")
+        endif()
+      endforeach()
+    endforeach()
+    pyllm_json_list(j_sm_tensor_refused ${sm_refused})
+  endif()
+  # NCCL: --split-mode tensor's all-reduce between GPUs (without it ggml falls back to a slower copy).
+  set(nccl OFF)
+  if(TARGET ggml-cuda)
+    get_target_property(cuda_libs ggml-cuda LINK_LIBRARIES)
+    if(cuda_libs MATCHES "NCCL")
+      set(nccl ON)
+    endif()
+  endif()
+  pyllm_json_bool("${nccl}" j_nccl)
 
   file(WRITE "${path}.incomplete" "{
   \"version\": ${j_version},
@@ -95,11 +125,13 @@ function(pyllm_write_build_info path)
   \"compiler\": ${j_compiler},
   \"cuda_host_compiler\": ${j_host_compiler},
   \"rpc\": ${j_rpc},
+  \"nccl\": ${j_nccl},
   \"build_type\": ${j_build_type},
   \"cmake_version\": ${j_cmake},
   \"targets\": ${j_shipped},
   \"llama_h_sha256\": ${j_llama_h},
   \"architectures\": ${j_archs_known},
+  \"sm_tensor_unsupported\": ${j_sm_tensor_refused},
   \"pin\": ${pin_json}
 }
 ")

@@ -104,6 +104,8 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
         if note and name in ("MXFP4", "NVFP4"):
             findings.append(Finding("ok", f"{count} {name} tensors: {note}"))
     findings += [f for f in _nvfp4_findings(arch, files.tensor_types) if f.level != "ok"]
+    if known:
+        findings.append(_tensor_split_finding(arch, info))
     trained = int(meta.get(f"{arch}.context_length") or 0)
     ctx = ctx or (min(trained, 16384) if trained else 16384)
     report: dict[str, Any] = {
@@ -156,6 +158,16 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
         suggestion = f"pyllm serve {files.first} --tensor-split {split_text} --ctx-size {ctx}"
         findings.append(_slots_finding(report, per_device, gpus, context_mib, ctx))
     return report, findings, suggestion
+
+
+def _tensor_split_finding(arch: str, info: dict[str, Any]) -> Finding:
+    """Whether --split-mode tensor is open to this architecture (the pin's own list) and whether NCCL is in."""
+    refused = info.get("sm_tensor_unsupported")
+    if refused is not None and arch in refused:
+        return Finding("ok", f"--split-mode tensor: not implemented for {arch} in this llama.cpp; layer split (the default) is used")
+    nccl = ("with NCCL" if info.get("nccl") else "without NCCL (a slower all-reduce)") if info.get("cuda") else "needs a CUDA build"
+    return Finding("ok", f"--split-mode tensor: available for {arch} ({nccl}); it needs flash attention and an f16/bf16/f32 KV "
+                         "cache, which pyllm serve checks; layer split stays the default")
 
 
 def _slots_finding(report: dict[str, Any], per_device: dict[str, dict[str, int]], gpus: list[GPU], context_mib: float,

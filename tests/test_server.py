@@ -299,3 +299,49 @@ def test_an_empty_model_argument_is_refused_not_the_current_folder(command: list
     result = subprocess.run([str(PYLLM), *command], cwd=folder, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "the model is an empty string" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# --- --split-mode tensor: the pin's own list of architectures, and the mode's requirements ----------------------------
+
+
+def test_tensor_split_refusals_come_from_the_pin(info: dict) -> None:
+    """build_info.json's sm_tensor_unsupported is read from llm_arch_supports_sm_tensor: deepseek4 is not in it
+    (PR #26490 is in the pin), glm-dsa and deepseek32 are, and every name is an architecture the build knows."""
+    refused = info["sm_tensor_unsupported"]
+    assert "deepseek4" not in refused and {"glm-dsa", "deepseek32", "deepseek2"} <= set(refused)
+    assert set(refused) <= set(info["architectures"])
+
+
+@pytest.mark.parametrize("preset, args, message", [
+    ("tiny-glm-dsa", ["--split-mode", "tensor"], "does not implement tensor split for glm-dsa"),
+    ("tiny-deepseek32", ["--", "-sm", "tensor"], "does not implement tensor split for deepseek32"),
+    ("tiny-deepseek4", ["--split-mode", "tensor", "--", "-fa", "off"], "needs flash attention"),
+    ("tiny-deepseek4", ["--split-mode", "tensor", "--", "-ctk", "q8_0"], "needs an unquantized KV cache, not --cache-type-k q8_0"),
+    ("tiny-deepseek4", ["--split-mode", "tensor", "--", "--fit=on"], "cannot be combined with --fit on"),
+])
+def test_tensor_split_is_refused_in_one_line_where_llama_cpp_would_fail(tiny_models: dict[str, Path], preset: str,
+                                                                        args: list[str], message: str) -> None:
+    result = run_pyllm("serve", str(tiny_models[preset]), *args, timeout=60)
+    assert result.returncode == 1 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_tensor_split_on_deepseek4_is_refused_only_for_want_of_gpus_here(tiny_models: dict[str, Path], info: dict) -> None:
+    """The wrong 'does not support deepseek4' refusal is gone; on a CPU build the one line says what is missing."""
+    result = run_pyllm("serve", str(tiny_models["tiny-deepseek4"]), "--split-mode", "tensor", timeout=60)
+    assert "does not support deepseek4" not in result.stderr and "does not implement" not in result.stderr
+    if not info["cuda"]:
+        assert result.returncode == 1 and "this build or machine has none" in result.stderr, result.stderr
+
+
+def test_tensor_split_argv_turns_on_flash_attention_and_turns_off_fit(tiny_models: dict[str, Path]) -> None:
+    from pyllm_a100.models.gguf_files import resolve_model
+    from pyllm_a100.serve.server import ServerConfig
+
+    files = resolve_model(tiny_models["tiny-deepseek4"])
+    argv = ServerConfig(model=files, split_mode="tensor").to_argv("llama-server")
+    assert argv[argv.index("--flash-attn") + 1] == "on" and argv[argv.index("--fit") + 1] == "off"
+    mine = ServerConfig(model=files, split_mode="tensor", extra_args=["-fa", "auto"]).to_argv("llama-server")
+    assert "--flash-attn" not in mine and mine[-2:] == ["-fa", "auto"]
+    layer = ServerConfig(model=files).to_argv("llama-server")
+    assert "--fit" not in layer and "--flash-attn" not in layer

@@ -26,6 +26,7 @@ def build_info_cmd(as_json: JsonFlag = False) -> None:
         ("llama.cpp", f"{info['llama_cpp_commit']} ({info['source']})"),
         ("patches", ", ".join(info["patches"]) or "none"),
         ("CUDA", f"{info['cuda_version']} for sm {archs}" if info["cuda"] else "no (CPU build)"),
+        ("NCCL", "-" if not info["cuda"] else "yes" if info.get("nccl") else "no (--split-mode tensor falls back to a slower all-reduce)"),
         ("compiler", info["compiler"]),
         ("native dir", info["native_dir"]),
         ("llama-server", info["server_path"]),

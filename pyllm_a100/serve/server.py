@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from . import failures
+from . import failures, tensor_mode
 from ..errors import PortInUse, ServerConfigError
 from ..models.gguf_files import ModelFiles, resolve_model
 from ..build.native import binary, build_info
@@ -111,6 +111,8 @@ class ServerConfig:
             argv += ["--tensor-split", to_llama_arg(self.tensor_split)]
         if self.split_mode is not None:
             argv += ["--split-mode", self.split_mode]
+        if (self.split_mode or tensor_mode.flag_value(self.extra_args, tensor_mode.SPLIT_MODE)) == "tensor":
+            argv += tensor_mode.argv_defaults(self.extra_args)
         if self.parallel is not None:
             argv += ["--parallel", str(self.parallel)]
         elif DEFAULT_PARALLEL is not None:
@@ -122,6 +124,15 @@ class ServerConfig:
         if self.draft is not None:
             argv += self.draft.argv()
         return argv + list(self.extra_args)
+
+
+def _local_gpus() -> int:
+    """CUDA GPUs llama-server can use here: none on a CPU build."""
+    if not build_info().get("cuda"):
+        return 0
+    from ..devices.gpus import visible_gpus
+
+    return len(visible_gpus())
 
 
 def default_gpu_layers() -> int | None:
@@ -191,8 +202,6 @@ def make_config(
     from ..models.drafts import refuse_as_model
 
     refuse_as_model(files)
-    if split_mode == "tensor" and files.architecture == "deepseek4":
-        raise ServerConfigError("--split-mode tensor does not support deepseek4 in this llama.cpp: use layer (the default)")
     if draft_max is not None and draft is None:
         raise ServerConfigError(f"--draft-max {draft_max} needs a draft: add --draft PATH (or --draft auto)")
     spec = None
@@ -208,6 +217,8 @@ def make_config(
 
         for endpoint in endpoints:
             rpc_module.hello(endpoint)  # each worker must answer before llama-server is started
+    if (split_mode or tensor_mode.flag_value(extra_args, tensor_mode.SPLIT_MODE)) == "tensor":  # -sm after `--` too
+        tensor_mode.check(files.architecture, extra_args, _local_gpus() + len(endpoints))
     if parts is not None:
         if endpoints:
             from .rpc import list_devices
