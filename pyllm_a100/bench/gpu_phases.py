@@ -72,7 +72,7 @@ def serve_and_bench(label: str, model: Path, *, prompt: int, gen: int, repeat: i
                     **options) -> dict:
     """One managed server: time to ready, memory per GPU once ready, then bench.run."""
     from ..serve.server import Server
-    from .throughput import throughput as bench
+    from . import throughput as bench
 
     started = time.monotonic()
     with Server(model, port=0, ctx_size=options.pop("ctx_size", 4096), ready_timeout=900, env=env,
@@ -153,7 +153,7 @@ def hbm(models: Path, layers: int, args) -> dict:
 
 @phase("tune")
 def tune(models: Path, layers: int, args) -> dict:
-    from .throughput import throughput as bench
+    from . import throughput as bench
 
     model = model_file(models, layers, None)
     rows = bench.tune(str(model), prompt_tokens=args.prompt, gen_tokens=args.tune_gen, repeat=2,
@@ -244,7 +244,7 @@ def two_gpus(args) -> dict:
 
 @phase("concurrency")
 def concurrency(models: Path, args) -> dict:
-    from .throughput import concurrency as bc
+    from . import concurrency as bc
 
     model = serving_target(models, args)
     levels = bc.parse_levels(args.concurrency_levels)
@@ -265,7 +265,7 @@ def concurrency(models: Path, args) -> dict:
 
 @phase("verify")
 def verify(models: Path, args) -> dict:
-    from .throughput import speculative as bs
+    from . import speculative as bs
 
     model = serving_target(models, args)
     ks = bs.parse_k_range(args.verify_k)
@@ -287,7 +287,7 @@ DRAFT_N_MAX = 7
 @phase("speculative")
 def speculative(models: Path, args) -> dict:
     from ..synth import PRESETS
-    from .throughput import speculative as bs
+    from . import speculative as bs
 
     target_preset = "tiny-deepseek4" if args.cpu else "deepseek-v4-flash"
     draft_preset = f"{target_preset}-dspark"

@@ -154,7 +154,7 @@ def glm5(models: Path, layers: int | None, experts: int | None, wtype: str, ctx:
     two requests, prefill/decode, the HBM-ceiling fraction and the serving soak."""
     import httpx
 
-    from ..bench.throughput import throughput as bench
+    from ..bench import throughput as bench
     from ..devices.gpus import visible_gpus
     from ..models.gguf_files import resolve_model
     from ..models.memplan import logged_buffers
