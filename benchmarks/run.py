@@ -28,7 +28,7 @@ import httpx
 
 from pyllm_a100 import Llama, Server, build_info
 
-from pyllm_a100.bench.throughput import throughput as bench
+from pyllm_a100.bench import throughput as bench
 from pyllm_a100.serve.net import free_port
 from pyllm_a100.synth import synthesize
 
