@@ -218,7 +218,7 @@ def test_remote_header_longer_than_the_first_range_is_read_again_with_twice_the_
     hub = FakeHub()
     try:
         hub.add_repo("test/one", {"m.gguf": tiny_models["tiny-glm-dsa"].read_bytes(), "bad.gguf": b"NOPE" * 100})
-        code = ("from pyllm_a100 import gguf_remote\n"
+        code = ("from pyllm_a100.models import gguf_remote\n"
                 "gguf_remote.RANGE_START = 4096\n"
                 "h = gguf_remote.remote_header('test/one', 'm.gguf')\n"
                 "print(h.metadata['general.architecture'], h.tensor_count)\n"
