@@ -5,6 +5,7 @@ PyllmError
 ├── BindingsError (ImportError)               llama-cpp-python missing or bound elsewhere
 ├── InvalidArgument (ValueError)              a value out of range: --max-tokens -5, --restart -1, ...
 ├── TensorSplitError (ValueError)             bad --tensor-split
+├── GpuSelectionError (ValueError)            bad --gpus 0-3 (syntax, a GPU not there, none visible)
 ├── ModelError                                a model that cannot be served as given
 │   ├── ModelNotFound (FileNotFoundError)
 │   ├── AmbiguousModel (ValueError)           a folder with several models
@@ -32,7 +33,9 @@ PyllmError
     ├── ServerNotFound (LookupError)          pyllm stop/logs NAME with no such server
     └── RpcError (ConnectionError)            an rpc-server that does not answer, or an unsafe bind
 
-The CLI prints any PyllmError as one line and exits 1 (traceback with PYLLM_DEBUG=1).
+The CLI prints any PyllmError as one line and exits 1 (traceback with PYLLM_DEBUG=1); `pyllm serve`
+exits EX_CONFIG (78) for the configuration errors in CONFIG_ERRORS, so systemd does not restart a unit
+that can never start (RestartPreventExitStatus=78).
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ class InvalidArgument(PyllmError, ValueError):
 
 class TensorSplitError(PyllmError, ValueError):
     """``--tensor-split 1x0: the count after x must be at least 1; use e.g. 1x8``"""
+
+
+class GpuSelectionError(PyllmError, ValueError):
+    """``--gpus 0-9: no GPU 8 on this machine (NVML sees 8: 0-7): see nvidia-smi``"""
 
 
 class ModelError(PyllmError):
@@ -148,3 +155,11 @@ class VerificationFailed(FetchError, ValueError):
 
 class RpcError(ServerError, ConnectionError):
     """``no rpc-server answers at 10.0.0.2:50052 (connection refused): start one there``"""
+
+
+EX_CONFIG = 78  # sysexits.h: "configuration error"; `pyllm serve` exits with it for CONFIG_ERRORS
+# Mistakes in what was asked (flags, model files, PYLLM_HOME) that a restart cannot fix. Not PortInUse,
+# RpcError or ServerDied: a port can free up, a worker come back, a crash not recur.
+CONFIG_ERRORS: tuple[type[PyllmError], ...] = (
+    ServerConfigError, InvalidArgument, TensorSplitError, GpuSelectionError, ModelError, StateError,
+)

@@ -16,6 +16,7 @@ import gguf
 import pytest
 
 from conftest import run_pyllm
+from pyllm_a100.errors import EX_CONFIG  # pyllm serve's exit status for configuration errors
 
 SEED = 42
 
@@ -202,7 +203,7 @@ def test_bad_draft_is_refused_in_one_line_before_start(case: str, tiny_models: d
         os.link(model, alone)
         model = alone
     result = run_pyllm("serve", str(model), "--port", "0", *args, timeout=120)
-    assert result.returncode == 1
+    assert result.returncode == EX_CONFIG
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "draft" in lines[0], result.stderr
     assert "Traceback" not in result.stderr
@@ -252,7 +253,7 @@ def test_fetch_draft_brings_the_sidecar_and_serve_auto_uses_it(tiny_models: dict
         assert plain.returncode == 0, plain.stderr
         assert not (root / "F16" / "dspark-Tiny-DSV4-F16.gguf").exists()
         refused = run_pyllm("serve", repo, "--draft", "auto", "--port", "0", env=env, timeout=120)
-        assert refused.returncode == 1 and "fetch" in refused.stderr.strip().splitlines()[-1] and "--draft" in refused.stderr
+        assert refused.returncode == EX_CONFIG and "fetch" in refused.stderr.strip().splitlines()[-1] and "--draft" in refused.stderr
         result = run_pyllm("fetch", repo, "--include", "F16/Tiny-DSV4-F16.gguf", "--draft", env=env, timeout=300)
         assert result.returncode == 0, result.stderr
         assert "--draft auto" in result.stdout
@@ -325,7 +326,7 @@ def test_a_draft_given_as_the_model_is_refused_in_one_line(draft_models: dict[st
     for name in ("tiny-deepseek4-dspark", "tiny-glm-dsa-mtp"):
         for command in (["serve", str(draft_models[name]), "--port", "0"], ["generate", str(draft_models[name]), "hi"]):
             result = run_pyllm(*command, timeout=60)
-            assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+            assert result.returncode == (EX_CONFIG if command[0] == "serve" else 1) and result.stderr.count("\n") == 1, result.stderr
             assert "is a speculative-decoding draft" in result.stderr and f"--draft {draft_models[name]}" in result.stderr
 
 
@@ -341,4 +342,4 @@ def test_a_folder_with_a_model_and_its_sidecar_serves_the_model(draft_models: di
     only_draft.mkdir()
     (only_draft / "dspark-model.gguf").symlink_to(draft_models["tiny-deepseek4-dspark"])
     result = run_pyllm("serve", str(only_draft), "--port", "0", timeout=60)
-    assert result.returncode == 1 and "is a speculative-decoding draft" in result.stderr, result.stderr
+    assert result.returncode == EX_CONFIG and "is a speculative-decoding draft" in result.stderr, result.stderr

@@ -58,7 +58,7 @@ def test_bad_input_is_one_line_and_leaves_nothing(case: probe.Case, workspace: p
 def test_blank_keys_are_refused_and_the_generated_key_is_enforced(tiny_deepseek4: Path, tmp_path: Path) -> None:
     row = probe.key_required(tiny_deepseek4, tmp_path / "home")
     for label in ("key empty", "key spaces", "key newline"):
-        assert row[label]["rc"] == 1 and "--api-key is empty" in row[label]["line"] and not row[label]["state_left"], row
+        assert row[label]["rc"] == probe.EX_CONFIG and "--api-key is empty" in row[label]["line"] and not row[label]["state_left"], row
     assert row["requests"] == {"no key": 401, "wrong key": 401, "empty bearer": 401, "bearer of spaces": 401, "the key": 200}
     assert row["key_found_in"] == [] and row["key_file_mode"] == "0o600"
 

@@ -38,6 +38,7 @@ app.command("_supervise", hidden=True)(serving.supervise_cmd)
 app.command("ps")(serving.ps_cmd)
 app.command("stop")(serving.stop_cmd)
 app.command("logs")(serving.logs_cmd)
+app.command("metrics")(serving.metrics_cmd)
 
 
 def _click_errors() -> tuple[type, type, type | None, tuple[type, ...]]:
@@ -75,7 +76,7 @@ def main() -> None:
         if os.environ.get("PYLLM_DEBUG") == "1":
             raise
         err.print(f"[bold red]error:[/] {escape(' '.join(str(exc).split()))}", soft_wrap=True)
-        sys.exit(1)
+        sys.exit(getattr(exc, "exit_code", 1))  # 1, or what the command set (serve: EX_CONFIG for config errors)
     sys.exit(code if isinstance(code, int) else 0)
 
 

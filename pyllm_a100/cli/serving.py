@@ -66,20 +66,38 @@ def serve_cmd(
     draft_max: Annotated[Optional[int], typer.Option(help="Tokens drafted per step (llama-server's --spec-draft-n-max; DSpark: 7).")] = None,
     detach: Annotated[bool, typer.Option(help="Return once ready; a supervisor keeps it running.")] = False,
     restart: Annotated[Optional[int], typer.Option(help="Restarts after a crash (default: 3 detached, 0 in the foreground).")] = None,
+    gpus: Annotated[Optional[str], typer.Option(
+        help="GPUs this server uses, numbered as nvidia-smi numbers them: 0-3, 4-7, 0,1 or 2 (default: every visible one).")] = None,
+    metrics: Annotated[bool, typer.Option(
+        help="Turn on llama-server's Prometheus endpoint, /metrics (behind the API key); pyllm metrics NAME has the supervisor's.")] = False,
 ) -> None:
     """Run llama-server on MODEL with a progress bar, safe defaults and supervision.
 
     Extra llama-server flags go after --, e.g. pyllm serve m.gguf -- --no-mmap
+    Configuration errors exit 78 (EX_CONFIG), other failures 1.
     """
+    from ..errors import CONFIG_ERRORS, EX_CONFIG
+
+    try:
+        _serve(ctx, model, tensor_split, split_mode, ctx_size, host, port, api_key, n_gpu_layers, parallel, cors_origins,
+               alias, name, rpc, draft, draft_max, detach, restart, gpus, metrics)
+    except CONFIG_ERRORS as exc:
+        exc.exit_code = EX_CONFIG  # main() prints the one line and exits with it: systemd's RestartPreventExitStatus
+        raise
+
+
+def _serve(ctx, model, tensor_split, split_mode, ctx_size, host, port, api_key, n_gpu_layers, parallel, cors_origins,
+           alias, name, rpc, draft, draft_max, detach, restart, gpus, metrics) -> None:
     from ..serve import service
 
     request = service.ServeRequest(
         model=model, host=host, port=port, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
         tensor_split=tensor_split, split_mode=split_mode, parallel=parallel, cors_origins=cors_origins,
         alias=alias, rpc=rpc, draft=draft, draft_max=draft_max, extra_args=list(ctx.args), restart=restart if restart is not None else (3 if detach else 0),
-        name=name,
+        name=name, gpus=gpus, metrics=metrics,
     )
     prepared = service.prepare(request, api_key=api_key)
+    _warn_overlaps(prepared)
     if prepared.config.rpc:
         _print_devices(prepared.config.rpc, prepared.config.tensor_split)
     key = api_key or prepared.generated_key
@@ -87,6 +105,10 @@ def serve_cmd(
     offload = "all" if (cfg.n_gpu_layers or 0) >= 999 else cfg.n_gpu_layers
     gpus = f", layers offloaded: {offload}" + (" (RPC workers)" if cfg.rpc else "") if cfg.n_gpu_layers else ", CPU"
     split = f", tensor split {tensor_split}" if tensor_split else ""
+    if cfg.gpus is not None:
+        from ..devices.gpus import format_gpu_list
+
+        split += f", GPUs {format_gpu_list(cfg.gpus)}"
     err.print(
         f"serving {cfg.model.first.name} ({cfg.model.architecture}, {len(cfg.model.shards)} file(s), "
         f"{cfg.model.total_bytes / 2**30:.2f} GiB{gpus}{split}) as {prepared.directory.name}", highlight=False
@@ -116,6 +138,15 @@ def serve_cmd(
         code = service.run(prepared, on_progress=update, on_ready=ready,
                            on_event=lambda m: err.print(m, highlight=False, soft_wrap=True, markup=False))
     sys.exit(code)
+
+
+def _warn_overlaps(prepared) -> None:
+    from ..devices.gpus import format_gpu_list
+    from ..serve import service
+
+    for other, shared in service.overlapping(prepared):
+        err.print(f"[yellow]warning:[/] GPU {format_gpu_list(shared)} also used by {other} (pyllm ps): the two servers share "
+                  "its memory and compute; choose apart with --gpus, e.g. 0-3 and 4-7", highlight=False)
 
 
 def _print_devices(endpoints, split) -> None:
@@ -192,12 +223,20 @@ def ps_cmd(
     if not entries:
         print("no managed servers")
         return
-    print(f"{'NAME':<28} {'KIND':<10} {'STATUS':<11} {'URL':<26} {'PID':>7} {'RESTARTS':>8}  MODEL")
+    from ..devices.gpus import format_gpu_list
+
+    print(f"{'NAME':<28} {'KIND':<10} {'STATUS':<11} {'URL':<26} {'PID':>7} {'RESTARTS':>8} {'GPUS':<8} MODEL")
     for e in entries:
         d = e.data
         pid = "-" if e.failed else (d.get("server_pid") or "-")
+        used = d.get("gpus") if isinstance(d.get("gpus"), list) else []
+        gpus = format_gpu_list(used) or "-"
         print(f"{e.name:<28} {str(d.get('kind', 'server')):<10} {str(d.get('status', '?')):<11} {str(d.get('url', '')):<26} "
-              f"{pid:>7} {d.get('restarts', 0):>8}  {d.get('model', '')}")
+              f"{pid:>7} {d.get('restarts', 0):>8} {gpus:<8} {d.get('model', '')}")
+        if d.get("service"):
+            print(f"  service: {d['service']} (pyllm service status {e.name})")
+        if d.get("metrics"):
+            print(f"  metrics: {d['metrics']} (llama-server; with the API key) and pyllm metrics {e.name} (the supervisor)")
         if isinstance(d.get("draft"), dict):
             print(f"  draft: {d['draft'].get('path')} ({d['draft'].get('spec_type')})")
         if e.failed:
@@ -251,3 +290,24 @@ def logs_cmd(
                 break
             else:
                 time.sleep(0.3)
+
+
+def metrics_cmd(
+    name: Annotated[Optional[str], typer.Argument(help="One managed server (see pyllm ps); default: all of them.")] = None,
+    output: Annotated[Optional[Path], typer.Option(
+        help="Write to this file instead (replaced atomically: node_exporter's textfile collector reads *.prom).")] = None,
+) -> None:
+    """The supervisors' figures in Prometheus text format: up, restarts, last restart reason, load seconds, ready since.
+
+    llama-server's own counters (tokens, requests, KV cache) are at /metrics of a server started with --metrics.
+    """
+    from ..home import write_text_atomic
+    from ..serve import state
+    from ..serve.metrics import exposition
+
+    entries = [state.find(name)] if name is not None else state.list_servers()[0]
+    text = exposition(entries)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    write_text_atomic(output, text)

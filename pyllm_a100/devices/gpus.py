@@ -9,6 +9,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
+from collections.abc import Mapping, Sequence
+
+from ..errors import GpuSelectionError
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +40,9 @@ class Driver:
     cuda_version: str  # highest CUDA the driver supports, "13.0"
 
 
-def _visible(all_gpus: list[GPU]) -> list[GPU]:
-    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+def _visible(all_gpus: list[GPU], spec: str | None = None) -> list[GPU]:
+    """The GPUs a CUDA_VISIBLE_DEVICES value (default: this process's) shows, renumbered from 0."""
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES") if spec is None else spec
     if spec is None:
         return all_gpus
     chosen: list[GPU] = []
@@ -83,6 +88,11 @@ def driver() -> Driver | None:
 
 def visible_gpus() -> list[GPU]:
     """GPUs CUDA would show this process; empty without a driver."""
+    return _visible(nvml_gpus())
+
+
+def nvml_gpus() -> list[GPU]:
+    """Every GPU NVML sees, whatever CUDA_VISIBLE_DEVICES says, numbered as nvidia-smi numbers them."""
     nvml = _nvml()
     if nvml is None:
         return []
@@ -111,6 +121,91 @@ def visible_gpus() -> list[GPU]:
                 memory_total=int(memory.total), memory_free=int(memory.free), mig_enabled=bool(mig),
                 memory_bandwidth=bandwidth,
             ))
-        return _visible(found)
+        return found
     finally:
         nvml.nvmlShutdown()
+
+
+# --- choosing GPUs for one server: pyllm serve --gpus 0-3 ------------------------------------------
+
+GPU_LIST_EXAMPLES = "0-3, 4-7, 0,1 or 2"
+_TERM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def parse_gpu_list(text: str) -> list[int]:
+    """``"0-3"`` -> ``[0, 1, 2, 3]``; ``"0,2"``, ``"4-7"``, ``"2"``; order kept. One-line errors for
+    anything else: not a number or range, a range that runs backwards, a GPU named twice, nothing."""
+    shown = str(text).strip()
+    if not shown:
+        raise GpuSelectionError(f"--gpus is empty: give GPU numbers as nvidia-smi shows them, e.g. {GPU_LIST_EXAMPLES}")
+    if re.fullmatch(r"\s*\d+\s*x\s*\d+(\.\d+)?\s*", shown):
+        raise GpuSelectionError(f"--gpus {shown}: COUNTxGIB is pyllm doctor's memory-plan form; here give GPU numbers "
+                                f"as nvidia-smi shows them, e.g. {GPU_LIST_EXAMPLES}")
+    chosen: list[int] = []
+    for term in shown.split(","):
+        match = _TERM.match(term)
+        if match is None:
+            raise GpuSelectionError(f"--gpus {shown}: {term.strip()!r} is not a GPU number or a range N-M; "
+                                    f"use e.g. {GPU_LIST_EXAMPLES}")
+        low = int(match[1])
+        high = int(match[2]) if match[2] is not None else low
+        if high < low:
+            raise GpuSelectionError(f"--gpus {shown}: the range {low}-{high} runs backwards; write {high}-{low}")
+        for index in range(low, high + 1):
+            if index in chosen:
+                raise GpuSelectionError(f"--gpus {shown}: GPU {index} is named twice; name each GPU once")
+            chosen.append(index)
+    return chosen
+
+
+def format_gpu_list(indices: Sequence[int]) -> str:
+    """``[0, 1, 2, 3]`` -> ``"0-3"``, ``[0, 2, 3]`` -> ``"0,2-3"`` (what ps shows; parse_gpu_list reads it back)."""
+    out: list[str] = []
+    run: list[int] = []
+    for index in list(indices) + [None]:  # type: ignore[list-item]
+        if run and index is not None and index == run[-1] + 1:
+            run.append(index)
+            continue
+        if run:
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [index] if index is not None else []
+    return ",".join(out)
+
+
+def select_gpus(text: str | Sequence[int], present: Sequence[GPU], environ: Mapping[str, str] | None = None) -> list[GPU]:
+    """The GPUs ``--gpus`` names, checked against ``present`` (:func:`nvml_gpus`): each must exist and,
+    when this environment has CUDA_VISIBLE_DEVICES, be one of those it shows. Numbers are nvidia-smi's
+    (NVML's, in PCI bus order); the child gets them with CUDA_DEVICE_ORDER=PCI_BUS_ID (:func:`child_env`)."""
+    shown = text if isinstance(text, str) else format_gpu_list(text)
+    indices = parse_gpu_list(shown) if isinstance(text, str) else list(text)
+    if not indices:
+        raise GpuSelectionError(f"--gpus is empty: give GPU numbers as nvidia-smi shows them, e.g. {GPU_LIST_EXAMPLES}")
+    if len(set(indices)) != len(indices):
+        raise GpuSelectionError(f"--gpus {shown}: a GPU is named twice; name each GPU once")
+    if not present:
+        raise GpuSelectionError(f"--gpus {shown}: NVML sees no NVIDIA GPU on this machine (no driver, or no GPU): "
+                                "check nvidia-smi, or leave --gpus out to run on the CPU")
+    by_index = {g.physical_index: g for g in present}
+    missing = [i for i in indices if i not in by_index]
+    if missing:
+        raise GpuSelectionError(f"--gpus {shown}: no GPU {format_gpu_list(missing)} on this machine (NVML sees "
+                                f"{len(present)}: {format_gpu_list(sorted(by_index))}); see nvidia-smi")
+    env = os.environ if environ is None else environ
+    if env.get("CUDA_VISIBLE_DEVICES") is not None:
+        visible = {g.physical_index for g in _visible(list(present), env["CUDA_VISIBLE_DEVICES"])}
+        hidden = [i for i in indices if i not in visible]
+        if hidden:
+            raise GpuSelectionError(
+                f"--gpus {shown}: GPU {format_gpu_list(hidden)} is hidden by CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} "
+                f"in this environment (visible: {format_gpu_list(sorted(visible)) or 'none'}); unset it, or choose among those")
+    return [by_index[i] for i in indices]
+
+
+def child_env(indices: Sequence[int], base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of ``base`` (default: os.environ, never changed) in which CUDA shows only these GPUs, numbered
+    the way nvidia-smi and --gpus number them (PCI bus order, not CUDA's default fastest-first)."""
+    env = dict(os.environ if base is None else base)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in indices)
+    return env
+

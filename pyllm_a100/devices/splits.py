@@ -34,9 +34,19 @@ def parse_tensor_split(text: str | list[float] | tuple[float, ...]) -> list[floa
     return parts
 
 
-def check_against_devices(parts: list[float], n_devices: int, *, text: str = "") -> None:
-    """More parts than visible devices is a mistake llama.cpp would silently ignore."""
+def check_against_devices(parts: list[float], n_devices: int, *, text: str = "", gpus: list[int] | None = None) -> None:
+    """More parts than visible devices is a mistake llama.cpp would silently ignore. ``gpus``: the ones
+    --gpus chose (nvidia-smi numbers), counted instead of every visible GPU."""
     shown = text or ",".join(f"{p:g}" for p in parts)
+    if gpus is not None and len(parts) > n_devices:
+        from .gpus import format_gpu_list
+
+        chosen = format_gpu_list(gpus)
+        raise TensorSplitError(
+            f"--tensor-split {shown} has {len(parts)} parts but --gpus {chosen} chose {len(gpus)} GPU(s)"
+            + (f" ({n_devices} device(s) with the --rpc workers)" if n_devices != len(gpus) else "")
+            + f": use 1x{n_devices}, or choose more GPUs"
+        )
     if n_devices == 0:
         raise TensorSplitError(
             f"--tensor-split {shown}: no GPU is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES); "

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from . import failures, tensor_mode
-from ..errors import PortInUse, ServerConfigError
+from ..errors import GpuSelectionError, PortInUse, ServerConfigError
 from ..models.gguf_files import ModelFiles, resolve_model
 from ..build.native import binary, build_info
 from .net import bind_refusal, free_port, host_problem, is_loopback
@@ -65,6 +65,8 @@ class ServerConfig:
     rpc: list[Any] = dataclasses.field(default_factory=list)  # rpc.Endpoint: remote devices (rpc-server)
     draft: Any = None  # drafts.Draft: speculative decoding (--spec-draft-model, --spec-type, --spec-draft-n-max)
     extra_args: list[str] = dataclasses.field(default_factory=list)
+    gpus: list[int] | None = None  # --gpus: nvidia-smi numbers; the child sees only these (child_env)
+    metrics: bool = False  # llama-server's Prometheus endpoint, /metrics (behind the API key like every route)
 
     @property
     def served_name(self) -> str:
@@ -87,6 +89,15 @@ class ServerConfig:
         if self.cors_origins:
             return self.cors_origins
         return "localhost" if is_loopback(self.host) else self.public_url
+
+    def child_env(self, base: dict[str, str] | None = None) -> dict[str, str] | None:
+        """llama-server's environment: a copy of ``base`` (os.environ) with CUDA_VISIBLE_DEVICES for --gpus;
+        None (inherit unchanged) without --gpus. os.environ itself is never changed."""
+        if self.gpus is None:
+            return None if base is None else dict(base)
+        from ..devices.gpus import child_env
+
+        return child_env(self.gpus, base)
 
     @property
     def public_url(self) -> str:
@@ -123,16 +134,31 @@ class ServerConfig:
             argv += ["--rpc", ",".join(map(str, self.rpc))]
         if self.draft is not None:
             argv += self.draft.argv()
+        if self.metrics:
+            argv.append("--metrics")
         return argv + list(self.extra_args)
 
 
-def _local_gpus() -> int:
-    """CUDA GPUs llama-server can use here: none on a CPU build."""
+def _local_gpus(selected: list[int] | None = None) -> int:
+    """CUDA GPUs llama-server can use here: none on a CPU build; with --gpus, those chosen."""
     if not build_info().get("cuda"):
         return 0
+    if selected is not None:
+        return len(selected)
     from ..devices.gpus import visible_gpus
 
     return len(visible_gpus())
+
+
+def select_gpus(text: str | Sequence[int]) -> list[int]:
+    """--gpus checked against this machine (NVML) and this build (CUDA); nvidia-smi's numbers."""
+    from ..devices import gpus as devices
+
+    chosen = [g.physical_index for g in devices.select_gpus(text, devices.nvml_gpus())]
+    if not build_info().get("cuda"):
+        raise GpuSelectionError(f"--gpus {devices.format_gpu_list(chosen)}: this llama.cpp build has no CUDA (CPU only), "
+                                "so llama-server cannot use a GPU: reinstall with CUDA (see README), or leave --gpus out")
+    return chosen
 
 
 def default_gpu_layers() -> int | None:
@@ -162,6 +188,8 @@ def make_config(
     draft_max: int | None = None,
     extra_args: Sequence[str] = (),
     require_api_key: bool = True,
+    gpus: str | Sequence[int] | None = None,
+    metrics: bool = False,
 ) -> ServerConfig:
     """Validate every input before anything starts; raise one clear error per mistake.
 
@@ -188,6 +216,10 @@ def make_config(
         raise ServerConfigError(f"--host {host!r} is {problem}: use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) "
                                 "or one of this machine's addresses (ip addr)")
     parts = parse_tensor_split(tensor_split) if tensor_split is not None else None
+    if isinstance(gpus, str):
+        from ..devices.gpus import parse_gpu_list
+
+        parse_gpu_list(gpus)  # syntax first; the machine is asked below
     if api_key_file is not None:
         check_key_file(Path(api_key_file))
     if require_api_key and not is_loopback(host) and api_key_file is None:
@@ -217,18 +249,23 @@ def make_config(
 
         for endpoint in endpoints:
             rpc_module.hello(endpoint)  # each worker must answer before llama-server is started
+    selected = select_gpus(gpus) if gpus is not None else None
     if (split_mode or tensor_mode.flag_value(extra_args, tensor_mode.SPLIT_MODE)) == "tensor":  # -sm after `--` too
-        tensor_mode.check(files.architecture, extra_args, _local_gpus() + len(endpoints))
+        tensor_mode.check(files.architecture, extra_args, _local_gpus(selected) + len(endpoints))
     if parts is not None:
         if endpoints:
             from .rpc import list_devices
+            from ..devices.gpus import child_env
 
-            n_devices = len(list_devices(endpoints))  # local GPUs and remote devices, in llama.cpp's order
+            env = child_env(selected) if selected is not None else None  # the GPUs llama-server will see
+            n_devices = len(list_devices(endpoints, env=env))  # local GPUs and remote devices, in llama.cpp's order
+        elif selected is not None:
+            n_devices = len(selected)
         else:
             from ..devices.gpus import visible_gpus
 
             n_devices = len(visible_gpus())
-        check_against_devices(parts, n_devices, text=str(tensor_split))
+        check_against_devices(parts, n_devices, text=str(tensor_split), gpus=selected)
     refused = bind_refusal(host, port)  # last: a busy port never hides a mistake found above
     if refused:
         in_use, reason = refused
@@ -236,11 +273,12 @@ def make_config(
             raise PortInUse(f"{reason}: pass another --port, or stop that server (pyllm ps / pyllm stop)")
         raise ServerConfigError(reason)
     if n_gpu_layers is None:
-        n_gpu_layers = 999 if endpoints else default_gpu_layers()  # remote devices hold layers too
+        n_gpu_layers = 999 if endpoints or selected else default_gpu_layers()  # remote devices hold layers too
     return ServerConfig(
         model=files, host=host, port=port, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers, tensor_split=parts,
         split_mode=split_mode, parallel=parallel, api_key_file=Path(api_key_file) if api_key_file else None,
         cors_origins=cors_origins, alias=alias, rpc=endpoints, draft=spec, extra_args=list(extra_args),
+        gpus=selected, metrics=metrics,
     )
 
 
@@ -371,6 +409,8 @@ class Server(ManagedProcess):
             config = make_config(model, **options)
         self.config = config
         self.api_key = api_key
+        if config.gpus is not None:
+            env = config.child_env(env)  # --gpus: CUDA_VISIBLE_DEVICES for the child only
         self.on_progress = on_progress
         self._loaded = 0
         super().__init__(config.to_argv(binary("llama-server")), log_path=log_path, ready_timeout=ready_timeout,

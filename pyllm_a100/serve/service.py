@@ -55,6 +55,8 @@ class ServeRequest:
     name: str | None = None
     api_key_file: str | None = None
     kind: str = "server"
+    gpus: str | None = None  # --gpus 0-3: nvidia-smi numbers; CUDA_VISIBLE_DEVICES for llama-server only
+    metrics: bool = False  # --metrics: llama-server's /metrics (Prometheus), behind the API key
 
     def to_config(self, *, require_api_key: bool = True) -> ServerConfig:
         """Validated ServerConfig (raises the one-line errors for bad input)."""
@@ -63,6 +65,7 @@ class ServeRequest:
             tensor_split=self.tensor_split, split_mode=self.split_mode, parallel=self.parallel,
             cors_origins=self.cors_origins, alias=self.alias, rpc=self.rpc, draft=self.draft, draft_max=self.draft_max,
             extra_args=self.extra_args, api_key_file=self.api_key_file, require_api_key=require_api_key,
+            gpus=self.gpus, metrics=self.metrics,
         )
 
 
@@ -91,6 +94,9 @@ class Prepared:
     config: ServerConfig | WorkerConfig
     directory: Path
     generated_key: str | None = None  # shown once to the user, never again
+    # kept in every state.json write (pyllm metrics): load_seconds, ready_since, last_restart_reason, ...
+    figures: dict[str, Any] = dataclasses.field(default_factory=dict)
+    _gpus_used: list[int] | None = None
 
     def make_process(self, **callbacks: Any) -> ManagedProcess:
         log_path = self.directory / "server.log"
@@ -106,7 +112,47 @@ class Prepared:
         return {"kind": "server", "host": self.config.host, "port": self.config.port, "url": self.config.public_url,
                 "model": str(self.config.model.first), "served_name": self.config.served_name,
                 "api_key_file": self.request.api_key_file,
-                "draft": self.config.draft.describe() if self.config.draft is not None else None}
+                "draft": self.config.draft.describe() if self.config.draft is not None else None,
+                "gpus": self.gpus_used(), "gpus_given": self.config.gpus is not None,
+                "metrics": f"{self.config.public_url}/metrics" if self.config.metrics else None,
+                "service": os.environ.get("PYLLM_SERVICE")}  # the systemd unit running it (pyllm service install)
+
+    def gpus_used(self) -> list[int]:
+        """nvidia-smi numbers of the GPUs this server may use: --gpus, else every visible one when it offloads."""
+        if self._gpus_used is None:
+            cfg = self.config
+            if getattr(cfg, "gpus", None) is not None:
+                self._gpus_used = list(cfg.gpus)
+            elif isinstance(cfg, ServerConfig) and cfg.n_gpu_layers and _cuda_build():
+                from ..devices.gpus import visible_gpus
+
+                self._gpus_used = [g.physical_index for g in visible_gpus()]
+            else:
+                self._gpus_used = []
+        return self._gpus_used
+
+
+def _cuda_build() -> bool:
+    from ..build.native import build_info
+
+    return bool(build_info().get("cuda"))
+
+
+def overlapping(prepared: Prepared) -> list[tuple[str, list[int]]]:
+    """Other running servers sharing a GPU with this one: (name, the GPUs shared). Two llama-servers on
+    one GPU split its memory and its compute; `pyllm serve` warns, it does not refuse."""
+    mine = set(prepared.gpus_used())
+    if not mine:
+        return []
+    found = []
+    for entry in state.list_servers(clean=False)[0]:
+        if entry.name == prepared.directory.name or entry.failed:
+            continue
+        theirs = entry.data.get("gpus")
+        shared = sorted(mine & set(theirs)) if isinstance(theirs, list) else []
+        if shared:
+            found.append((entry.name, shared))
+    return found
 
 
 def _check_restart(restart: int) -> None:
@@ -139,7 +185,8 @@ def prepare(request: ServeRequest, api_key: str | None = None) -> Prepared:
     request.model = str(probe.model.first)  # resolved: a relative path, a folder, a glob or REPO:QUANT
     if probe.draft is not None and probe.draft.files is not None:
         request.draft = str(probe.draft.files.first)  # resolved too: a relative path, or what auto found
-    directory = state.new_server_dir(request.name or f"{probe.model.name}-{probe.port}")
+    # an explicit --name takes over a failed entry of that name (a systemd restart keeps its name)
+    directory = state.new_server_dir(request.name or f"{probe.model.name}-{probe.port}", reuse_failed=request.name is not None)
     generated = None
     if api_key is None and request.api_key_file is None and not is_loopback(request.host):
         api_key = generated = secrets.token_urlsafe(32)
@@ -161,6 +208,7 @@ def _state_record(prepared: Prepared, server: ManagedProcess | None, status: str
         "restart_limit": prepared.request.restart,
         "restarts": server.restarts if server else 0,
         "log": str(prepared.directory / "server.log"),
+        **prepared.figures,
         **extra,
     }
 
@@ -183,6 +231,8 @@ def run(
 
     def progress(p: LoadProgress) -> None:
         now = time.monotonic()
+        if p.phase == "ready":
+            prepared.figures.update(load_seconds=round(p.seconds, 3), ready_since=time.time())
         if p.phase == "ready" or now - last_saved[0] > 0.5:
             last_saved[0] = now
             state.save(directory, _state_record(prepared, server, "loading" if p.phase != "ready" else "ready",
@@ -192,6 +242,8 @@ def run(
 
     def event(message: str) -> None:
         files.append_line(directory / "events.log", f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}")
+        if server is not None and server.status == "restarting":
+            prepared.figures.update(last_restart_reason=server.last_exit, last_restart_at=time.time())
         if server is not None and server.status in ("ready", "restarting", "failed"):
             extra = {"error": server.last_exit} if server.status == "failed" else {}
             state.save(directory, _state_record(prepared, server, server.status, last_exit=server.last_exit, **extra))
@@ -254,6 +306,8 @@ def wait_detached(prepared: Prepared, proc: subprocess.Popen[bytes], on_progress
         status = data.get("status")
         if data.get("supervisor_pid") == proc.pid:
             if status == "ready":
+                if not data.get("progress") and data.get("load_seconds") is not None:
+                    data["progress"] = {"seconds": data["load_seconds"]}
                 return data
             if status == "failed":
                 raise ServerDied(data.get("error", "llama-server failed"))

@@ -103,8 +103,11 @@ def valid_name(name: str) -> str:
     return name
 
 
-def new_server_dir(base_name: str) -> Path:
-    """A fresh folder for a server called ``base_name`` (or base_name-2, -3...), mode 0700."""
+def new_server_dir(base_name: str, reuse_failed: bool = False) -> Path:
+    """A fresh folder for a server called ``base_name`` (or base_name-2, -3...), mode 0700.
+
+    ``reuse_failed``: a failed entry called exactly ``base_name`` is taken over (its logs are appended to),
+    so a server restarted under its own name (a systemd unit's) keeps that name."""
     root = private_dir(servers_dir())
     clean = re.sub(r"[^A-Za-z0-9._-]", "-", base_name)[:48].lstrip(".-_") or "server"
     list_servers()  # drop stale entries first so their names are free again
@@ -117,6 +120,10 @@ def new_server_dir(base_name: str) -> Path:
         except FileExistsError:
             if directory.is_dir() and not (directory / STATE).exists() and not any(directory.glob("*.lock")):
                 return private_dir(directory)
+            if reuse_failed and i == 1 and directory.is_dir():
+                entry = ServerEntry(name, directory, read_state(directory / STATE))
+                if entry.failed and not entry.alive():
+                    return private_dir(directory)
         except OSError as exc:
             raise StateError(f"cannot create {directory} ({exc.strerror}): make {root} writable, or point PYLLM_HOME elsewhere") from exc
     raise ServerNotFound(f"too many servers named {clean}: stop some (pyllm stop --all)")
