@@ -285,13 +285,27 @@ def hub_shapes(repo: str, *, token: str | None = None, revision: str | None = No
     return shapes
 
 
+def plan_gpus(gpus: str) -> tuple[Any, list[int] | None]:
+    """doctor --gpus: ``8x80`` plans for GPUs that need not be here (COUNTxGIB); ``0-3``, ``4-7``, ``2`` (serve --gpus's
+    form, nvidia-smi numbers) plans for those GPUs of this machine: their count and the smallest one's memory (NVML)."""
+    from .models.memplan import GpuSpec, parse_gpus
+
+    if not re.fullmatch(r"[\d\s,-]+", gpus or ""):
+        return parse_gpus(gpus), None
+    from .devices.gpus import nvml_gpus, select_gpus
+
+    chosen = select_gpus(gpus, nvml_gpus())
+    gib = min(g.memory_total for g in chosen) / 2**30
+    return GpuSpec(len(chosen), round(gib, 1)), [g.physical_index for g in chosen]
+
+
 def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: int | None = None, *,
                 layers: int | None = None, experts: int | None = None, token: str | None = None) -> dict[str, Any]:
     """Per quantization: weights, KV at ctx x slots, compute, per-GPU total, fits, and a serve command that fits."""
     from .errors import InvalidArgument
     from .models.memplan import CUDA_OVERHEAD_MIB, FIT_MARGIN_MIB, local_shape, parse_gpus, plan_row, preset_shapes
 
-    spec = parse_gpus(gpus)
+    spec, devices = plan_gpus(gpus)
     slots = 1 if parallel is None else parallel
     if slots < 1:
         raise InvalidArgument(f"--parallel {parallel}: must be at least 1 (request slots served at once)")
@@ -321,6 +335,10 @@ def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: in
         # a preset's row names the file `pyllm synth MODEL -o MODEL-TYPE.gguf --type TYPE` writes
         target = f"{model}-{shape.label}.gguf" if source == "preset" else (model_arg or shape.path)
         row = plan_row(shape, target, spec, ctx, slots)
+        if devices is not None and row.serve:
+            from .devices.gpus import format_gpu_list
+
+            row.serve += f" --gpus {format_gpu_list(devices)}"
         rows.append(row)
         for f in _nvfp4_findings(shape.arch, shape.tensor_types):
             findings.append(Finding(f.level, f"{shape.label}: {f.text}"))
@@ -328,7 +346,12 @@ def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: in
         try:  # llama.cpp's own figure: on a CUDA build with these GPUs per device, else the host-only one
             info = build_info()
             gpus_here = visible_gpus()
-            if info.get("cuda") and len(gpus_here) >= spec.count:
+            if info.get("cuda") and devices is not None:  # those GPUs, as serve --gpus shows them to llama-server
+                from .devices.gpus import child_env
+
+                fit = fit_estimate(str(shapes[0].path), ctx * slots, gpu_layers=999, tensor_split=[1.0] * spec.count,
+                                   parallel=slots, env=child_env(devices))
+            elif info.get("cuda") and len(gpus_here) >= spec.count:
                 fit = fit_estimate(str(shapes[0].path), ctx * slots, gpu_layers=999, tensor_split=[1.0] * spec.count, parallel=slots)
             else:
                 fit = fit_estimate(str(shapes[0].path), ctx * slots, gpu_layers=0, parallel=slots,
@@ -337,7 +360,7 @@ def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: in
         except Exception as exc:  # advice: say why it is missing
             findings.append(Finding("warn", f"no llama-fit-params figure: {exc}"))
     return {
-        "model": model, "source": source, "architecture": first.arch, "gpus": {"count": spec.count, "gib": spec.gib},
+        "model": model, "source": source, "architecture": first.arch, "gpus": {"count": spec.count, "gib": spec.gib, "devices": devices},
         "ctx_per_slot": ctx, "parallel": slots, "ctx_total": ctx * slots, "context_train": trained,
         "cuda_overhead_mib": CUDA_OVERHEAD_MIB, "fit_margin_mib": FIT_MARGIN_MIB,
         "rows": [r.as_dict() for r in rows],

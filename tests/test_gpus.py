@@ -106,3 +106,21 @@ def test_gpus_reach_the_child_state_and_ps(tiny_deepseek4: Path, tmp_path: Path)
         assert missing.returncode == EX_CONFIG and "no GPU 4 on this machine (NVML sees 4: 0-3)" in missing.stderr
     finally:
         run_pyllm("stop", "--all", env=env, timeout=120)
+
+
+def test_doctor_plans_for_a_device_list_or_a_count(tmp_path: Path) -> None:
+    """doctor --gpus keeps COUNTxGIB (GPUs that need not be here) and takes serve's device list (GPUs of this machine)."""
+    env = fake_gpu_env(tmp_path / "fake", 8)
+    listed = run_pyllm("doctor", "tiny-llama", "--gpus", "4-7", "--json", env=env, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    plan = json.loads(listed.stdout)
+    assert plan["gpus"] == {"count": 4, "gib": 80.0, "devices": [4, 5, 6, 7]}
+    assert all(r["serve"].endswith(" --gpus 4-7") for r in plan["rows"] if r["serve"])
+    text = run_pyllm("doctor", "tiny-llama", "--gpus", "4-7", env=env, timeout=120).stdout
+    assert "on 4 x 80 GiB (GPUs 4-7 of this machine)" in text
+    counted = json.loads(run_pyllm("doctor", "tiny-llama", "--gpus", "8x80", "--json", check=True).stdout)
+    assert counted["gpus"] == {"count": 8, "gib": 80.0, "devices": None}
+    missing = run_pyllm("doctor", "tiny-llama", "--gpus", "6-9", env=env, timeout=120)
+    assert missing.returncode == 1 and missing.stderr.count("\n") == 1 and "no GPU 8-9 on this machine" in missing.stderr
+    bad = run_pyllm("doctor", "tiny-llama", "--gpus", "eight", timeout=120)
+    assert bad.returncode == 1 and "write COUNTxGIB" in bad.stderr and "or GPU numbers of this machine (0-3)" in bad.stderr

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import run_pyllm
 from hub import FakeHub
+from pyllm_a100.errors import EX_CONFIG  # pyllm serve's exit status for configuration errors
 
 
 def plan_json(*args: str, env: dict | None = None) -> dict:
@@ -250,7 +251,7 @@ def test_a_tensor_type_unknown_to_the_build_is_refused_before_llama_cpp_starts(t
     bad.write_bytes(bytes(data))
     for args in (["doctor", str(bad)], ["serve", str(bad), "--port", "0"]):
         result = run_pyllm(*args, timeout=60)
-        assert result.returncode == 1 and "GGML type 99" in result.stderr and "token_embd.weight" in result.stderr, result.stderr
+        assert result.returncode == (EX_CONFIG if args[0] == "serve" else 1) and "GGML type 99" in result.stderr and "token_embd.weight" in result.stderr, result.stderr
         assert "truncated" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 

@@ -39,7 +39,8 @@ def doctor_cmd(
     model: Annotated[Optional[str], typer.Argument(help="A .gguf file, shard 1 of a set, or a folder holding one set.")] = None,
     ctx_size: Annotated[Optional[int], typer.Option(help="Context to plan for (default: the model's, at most 16384).")] = None,
     rpc: Annotated[Optional[str], typer.Option(help="Also list these rpc-server workers' devices (HOST:PORT[,...]).")] = None,
-    gpus: Annotated[Optional[str], typer.Option(help="Plan memory for COUNTxGIB GPUs (e.g. 8x80): per quantization, weights, "
+    gpus: Annotated[Optional[str], typer.Option(help="Plan memory for COUNTxGIB GPUs (e.g. 8x80), or for GPUs of this machine "
+                                                "by number as serve --gpus takes them (0-3): per quantization, weights, "
                                                 "KV, compute per GPU, fits or not, and a serve command. MODEL may be a preset "
                                                 "(glm-5, deepseek-v4-flash), a file, or a hub repo (read by metadata only).")] = None,
     parallel: Annotated[Optional[int], typer.Option(help="With --gpus: request slots; --ctx-size is then per slot.")] = None,
@@ -104,7 +105,10 @@ def _memory_plan(model: Optional[str], gpus: Optional[str], ctx_size: Optional[i
         return
     g = plan["gpus"]
     out = Console(highlight=False, soft_wrap=False, width=max(Console().width, 140))
-    out.print(f"{plan['model']} ({plan['architecture']}, {plan['source']}) on {g['count']} x {g['gib']:g} GiB: "
+    from ..devices.gpus import format_gpu_list
+
+    where = "" if not g.get("devices") else f" (GPUs {format_gpu_list(g['devices'])} of this machine)"
+    out.print(f"{plan['model']} ({plan['architecture']}, {plan['source']}) on {g['count']} x {g['gib']:g} GiB{where}: "
               f"{plan['ctx_per_slot']} tokens per slot x {plan['parallel']} slot(s); per GPU under an even layer split, "
               f"+{plan['cuda_overhead_mib']} MiB CUDA overhead, {plan['fit_margin_mib']} MiB kept free")
     table = Table(show_edge=False, pad_edge=False)

@@ -65,7 +65,8 @@ def parse_gpus(text: str) -> GpuSpec:
     """``"8x80"`` -> GpuSpec(8, 80.0); anything else is one line that shows the form."""
     m = _GPUS.match(text or "")
     if m is None:
-        raise InvalidArgument(f"--gpus {text!r}: write COUNTxGIB, e.g. 8x80 for eight 80 GB A100s or 2x141 for two H200s")
+        raise InvalidArgument(f"--gpus {text!r}: write COUNTxGIB, e.g. 8x80 for eight 80 GB A100s or 2x141 for two H200s, "
+                              "or GPU numbers of this machine (0-3) to plan for those")
     count, gib = int(m[1]), float(m[2])
     if count < 1 or count > 64:
         raise InvalidArgument(f"--gpus {text}: the GPU count must be between 1 and 64")
