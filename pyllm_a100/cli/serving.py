@@ -236,7 +236,8 @@ def ps_cmd(
         if d.get("service"):
             print(f"  service: {d['service']} (pyllm service status {e.name})")
         if d.get("metrics"):
-            print(f"  metrics: {d['metrics']} (llama-server; with the API key) and pyllm metrics {e.name} (the supervisor)")
+            key = "; send the API key" if d.get("api_key_file") else ""
+            print(f"  metrics: {d['metrics']} (llama-server{key}) and pyllm metrics {e.name} (the supervisor)")
         if isinstance(d.get("draft"), dict):
             print(f"  draft: {d['draft'].get('path')} ({d['draft'].get('spec_type')})")
         if e.failed:

@@ -18,7 +18,7 @@ from .state import ServerEntry
 # name, type, help (the _info families: value 1, the facts in labels, node_exporter's convention)
 _FAMILIES: list[tuple[str, str, str]] = [
     ("pyllm_server_up", "gauge", "1 while the server is ready (answers /health), else 0"),
-    ("pyllm_server_restarts", "counter", "Restarts of the child by its pyllm supervisor since the supervisor started"),
+    ("pyllm_server_restarts_total", "counter", "Restarts of the child by its pyllm supervisor since the supervisor started"),
     ("pyllm_server_restart_limit", "gauge", "Restarts the supervisor allows (--restart) before it gives up"),
     ("pyllm_server_load_seconds", "gauge", "Seconds the last (re)start took from spawning llama-server to /health 200"),
     ("pyllm_server_ready_since_seconds", "gauge", "Unix time the child last became ready"),
@@ -40,7 +40,10 @@ def _labels(**labels: Any) -> str:
 
 def _number(value: Any) -> str | None:
     try:
-        return repr(float(value)) if value is not None else None
+        if value is None:
+            return None
+        number = float(value)
+        return str(int(number)) if number.is_integer() else repr(number)
     except (TypeError, ValueError):
         return None
 
@@ -52,7 +55,7 @@ def exposition(entries: Iterable[ServerEntry]) -> str:
         d = e.data
         me = _labels(name=e.name)
         samples["pyllm_server_up"].append(f"pyllm_server_up{me} {1 if d.get('status') == 'ready' else 0}")
-        samples["pyllm_server_restarts"].append(f"pyllm_server_restarts_total{me} {_number(d.get('restarts') or 0)}")
+        samples["pyllm_server_restarts_total"].append(f"pyllm_server_restarts_total{me} {_number(d.get('restarts') or 0)}")
         for family, key in (("pyllm_server_restart_limit", "restart_limit"), ("pyllm_server_load_seconds", "load_seconds"),
                             ("pyllm_server_ready_since_seconds", "ready_since"),
                             ("pyllm_supervisor_start_time_seconds", "started_at"),
