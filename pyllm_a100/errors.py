@@ -31,6 +31,7 @@ PyllmError
     ├── ServerDied                            exited; the message explains the log
     ├── ServerStartTimeout (TimeoutError)
     ├── ServerNotFound (LookupError)          pyllm stop/logs NAME with no such server
+    ├── ServiceError                          pyllm service: systemd not running, systemctl failed, no such unit
     └── RpcError (ConnectionError)            an rpc-server that does not answer, or an unsafe bind
 
 The CLI prints any PyllmError as one line and exits 1 (traceback with PYLLM_DEBUG=1); `pyllm serve`
@@ -127,6 +128,10 @@ class ServerStartTimeout(ServerError, TimeoutError):
 
 class ServerNotFound(ServerError, LookupError):
     """``no managed server named 'x': see pyllm ps``"""
+
+
+class ServiceError(ServerError):
+    """``systemd is not running on this machine (no /run/systemd/system): nothing was installed``"""
 
 
 class FetchError(PyllmError):

@@ -11,6 +11,7 @@ from ..build import llama_source
 from ..errors import PyllmError
 from . import bench, doctor, generate, models, serving
 from .common import err
+from .service import service_app
 from .vendor import vendor_app
 
 app = typer.Typer(
@@ -39,6 +40,7 @@ app.command("ps")(serving.ps_cmd)
 app.command("stop")(serving.stop_cmd)
 app.command("logs")(serving.logs_cmd)
 app.command("metrics")(serving.metrics_cmd)
+app.add_typer(service_app, name="service")
 
 
 def _click_errors() -> tuple[type, type, type | None, tuple[type, ...]]:
