@@ -37,9 +37,11 @@ def _serve_params(model: str, args: list[str]) -> tuple[Any, dict[str, Any], lis
     """The serve command's own parser over MODEL and the options: (command, values, arguments after --)."""
     import typer.main
 
-    from .app import app
+    from .serving import serve_cmd
 
-    command = typer.main.get_command(app).get_command(None, "serve")  # type: ignore[union-attr]
+    alone = typer.Typer()  # serve as app.py registers it, on its own: its click command and parser
+    alone.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve_cmd)
+    command = typer.main.get_command(alone)
     ctx = command.make_context("pyllm service install NAME", [model, *args])  # its api_key (PYLLM_API_KEY) is not used
     return command, dict(ctx.params), list(ctx.args)
 
