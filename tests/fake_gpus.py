@@ -39,27 +39,27 @@ fake.nvmlSystemGetDriverVersion = lambda: "550.54.15"
 fake.nvmlSystemGetCudaDriverVersion_v2 = lambda: 12040
 sys.modules["pynvml"] = fake
 
-import pyllm_a100.build.native as _native
+if os.environ.get("PYLLM_TEST_FAKE_CUDA", "1") == "1":
+    import pyllm_a100.build.native as _native
 
-_real = _native.build_info
+    _real = _native.build_info
 
+    def _with_cuda():
+        return dict(_real(), cuda=True)
 
-def _with_cuda():
-    return dict(_real(), cuda=True)
-
-
-_native.build_info = _with_cuda
-for _name, _module in list(sys.modules.items()):
-    if _name.startswith("pyllm_a100") and getattr(_module, "build_info", None) is _real:
-        _module.build_info = _with_cuda
+    _native.build_info = _with_cuda
+    for _name, _module in list(sys.modules.items()):
+        if _name.startswith("pyllm_a100") and getattr(_module, "build_info", None) is _real:
+            _module.build_info = _with_cuda
 '''
 
 
-def fake_gpu_env(folder: Path, count: int) -> dict[str, str]:
-    """os.environ plus what makes a `pyllm` subprocess see ``count`` A100s (0..count-1)."""
+def fake_gpu_env(folder: Path, count: int, cuda_build: bool = True) -> dict[str, str]:
+    """os.environ plus what makes a `pyllm` subprocess see ``count`` A100s (0..count-1); ``cuda_build=False``
+    leaves build_info as it is (this CPU build)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
     path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, PYTHONPATH=path, PYLLM_TEST_FAKE_GPUS=str(count))
+    env = dict(os.environ, PYTHONPATH=path, PYLLM_TEST_FAKE_GPUS=str(count), PYLLM_TEST_FAKE_CUDA="1" if cuda_build else "0")
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return env

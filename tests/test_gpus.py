@@ -72,6 +72,15 @@ def test_gpus_on_a_machine_without_gpus_is_one_line(tiny_deepseek4: Path) -> Non
     assert syntax.returncode == EX_CONFIG and syntax.stderr.count("\n") == 1 and "GPU 2 is named twice" in syntax.stderr
 
 
+def test_gpus_with_a_cpu_build_is_one_line(tiny_deepseek4: Path, info: dict, tmp_path: Path) -> None:
+    if info["cuda"]:
+        pytest.skip("this build has CUDA")
+    env = fake_gpu_env(tmp_path / "fake", 8, cuda_build=False)
+    result = run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--gpus", "0-3", env=env, timeout=60)
+    assert result.returncode == EX_CONFIG and result.stderr.count("\n") == 1, result.stderr
+    assert "--gpus 0-3: this llama.cpp build has no CUDA (CPU only)" in result.stderr
+
+
 def _environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)

@@ -175,3 +175,13 @@ def test_a_config_error_exits_78_and_a_restart_keeps_the_name(tiny_deepseek4: Pa
         assert entry["name"] == "svc" and entry["status"] == "ready"
     finally:
         run_pyllm("stop", "--all", timeout=120)
+
+
+def test_exec_start_words_are_quoted_for_systemd() -> None:
+    from pyllm_a100.serve.systemd import key_file_text, quote
+
+    assert quote("/srv/models/m.gguf") == "/srv/models/m.gguf"
+    assert quote("*") == '"*"' and quote("a b") == '"a b"'
+    assert quote("50%") == "50%%" and quote("$HOME") == '"$$HOME"' and quote('say "hi"') == '"say \\"hi\\""'
+    assert key_file_text("abc-_XYZ09") == "PYLLM_API_KEY=abc-_XYZ09\n"
+    assert key_file_text('k"$ey') == "PYLLM_API_KEY='k\"$ey'\n"
