@@ -15,12 +15,14 @@ its section then says so.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # this checkout's renderer (no native build needed)
 
+from pyllm_a100.bench.decode_results import summarize  # noqa: E402
 from pyllm_a100.bench.report import render  # noqa: E402
 
 
@@ -28,8 +30,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=HERE / "results")
     parser.add_argument("--write", type=Path, default=HERE.parent / "docs" / "benchmarks.md")
+    parser.add_argument("--decode", type=Path, default=HERE.parent / "docs" / "results" / "gpu-decode.json",
+                        help="issue 23's decode-path summary (scripts/gpu-decode report, then --summarize-decode)")
+    parser.add_argument("--summarize-decode", type=Path, metavar="RAW",
+                        help="first write --decode from scripts/gpu-decode's raw gpu-decode.json (docs/results/gpu-decode-raw.json)")
     args = parser.parse_args()
-    args.write.write_text(render(args.results))
+    if args.summarize_decode:
+        summary = summarize(json.loads(args.summarize_decode.read_text()))
+        args.decode.write_text(json.dumps(summary, indent=1) + "\n")
+        print(f"wrote {args.decode}")
+    args.write.write_text(render(args.results, args.decode if args.decode.is_file() else None))
     print(f"wrote {args.write}")
     return 0
 

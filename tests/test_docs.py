@@ -77,3 +77,16 @@ def test_llama_row_cites_the_real_weight_run_only_from_a_gpu(tmp_path: Path) -> 
           first_difference=20, pass_server=False, pass_in_process=False)
     row = llama_row()
     assert "verified on CPU only" in row and "differ on the GPU: tokens part at token 21 of 64, logits NMSE 3.0e-03 > 1e-4" in row
+
+
+def test_decode_summary_is_the_one_the_raw_run_gives() -> None:
+    """docs/results/gpu-decode.json (issue 23) is summarized from the committed raw scripts/gpu-decode output, never typed."""
+    sys.path.insert(0, str(REPO))
+    from pyllm_a100.bench.decode_results import summarize
+
+    raw = json.loads((REPO / "docs" / "results" / "gpu-decode-raw.json").read_text())
+    committed = json.loads((REPO / "docs" / "results" / "gpu-decode.json").read_text())
+    assert committed == summarize(raw), "run: python benchmarks/report.py --summarize-decode docs/results/gpu-decode-raw.json"
+    row = next(r for r in committed["rows"] if r["layers"] == 43)
+    assert {"model", "layers", "pin_tps", "patched_tps"} <= set(row)
+    assert all(v["patched"]["failed"] == 0 for v in committed["test_backend_ops"].values())

@@ -25,6 +25,7 @@ def bench_cmd(
     tensor_split: Annotated[Optional[str], typer.Option(help="With MODEL: 1x8, 3,1 ...")] = None,
     ctx_size: Annotated[Optional[int], typer.Option(help="With MODEL: context length (per slot with a --concurrency list).")] = None,
     api_key: Annotated[Optional[str], typer.Option(help="API key of the server at --url.", envvar="PYLLM_API_KEY")] = None,
+    profile: Annotated[bool, typer.Option("--profile", help="With MODEL: the kernels of one decode step, timed per CUDA graph node by ncu (Nsight Compute); needs a CUDA build and ncu on PATH.")] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Prefill and decode tokens/s, time to first token and throughput under concurrency; verify cost; draft acceptance."""
@@ -33,11 +34,23 @@ def bench_cmd(
 
     if (model is None) == (url is None):
         raise bench.BenchError("give a MODEL to serve for the benchmark, or --url of a running server (not both)")
-    modes = [name for name, given in (("--verify-cost", verify_cost), ("--spec-args", spec_args)) if given is not None]
+    modes = [name for name, given in (("--verify-cost", verify_cost), ("--spec-args", spec_args), ("--profile", profile or None))
+             if given is not None]
     if len(modes) > 1:
-        raise bench.BenchError("--verify-cost and --spec-args are separate benchmarks: run one at a time")
+        raise bench.BenchError(f"{' and '.join(modes)} are separate benchmarks: run one at a time")
     if modes and model is None:
         raise bench.BenchError(f"{modes[0]} starts the model itself: give a MODEL instead of --url")
+    if profile:
+        from ..bench.profile import profile_decode_step
+
+        step = profile_decode_step(model)
+        if as_json:
+            print(json.dumps(step.as_row(), indent=2))
+            return
+        print_table(f"one decode step of {step.model}: {step.kernels} kernels, {step.us:.0f} us of kernel time (ncu)",
+                    ["kernel", "launches", "us", "share"],
+                    [[r.family, str(r.count), f"{r.us:.1f}", f"{100 * r.us / max(step.us, 1e-9):.1f} %"] for r in step.rows])
+        return
     if verify_cost is not None:
         ks = bench_spec.parse_k_range(verify_cost)
         cost = bench_spec.verify_cost(model, ks, depth=depth, tensor_split=tensor_split)

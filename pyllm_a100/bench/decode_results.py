@@ -1,0 +1,118 @@
+"""Issue 23's decode-path figures: scripts/gpu-decode's raw output -> docs/results/gpu-decode.json -> docs/benchmarks.md.
+
+``summarize`` keeps what a reader compares (tokens/s of the pin and of each patch level measured side by
+side in one run, kernels per forward, time per kernel family, test-backend-ops per op); ``section``
+renders it. The raw file (docs/results/gpu-decode-raw.json) stays committed beside it, so the summary
+is always regenerated, never typed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# DeepSeek-V4-Flash, 43 layers x 16 routed experts kept (6 used per token), ud-q8-k-xl mix: weights read per
+# decoded token (pyllm doctor's roofline on that file, issue 23) and the H200's HBM bandwidth.
+ACTIVE_BYTES_43L = 10.7e9
+H200_BANDWIDTH = 4.8e12
+A100_BANDWIDTH = 2.039e12
+GGML_TYPES = {"8": "Q8_0", "39": "MXFP4", "2": "Q4_0", "1": "F16", "0": "F32"}
+
+
+def kernel_family(name: str) -> str:
+    """``void mul_mat_vec_q<39, 1, 1, 0, 0>(...)`` -> ``mul_mat_vec_q MXFP4 (ids)``; other kernels by their base name."""
+    base = re.split(r"[<(]", name.replace("void ", ""), maxsplit=1)[0]
+    m = re.match(r"mul_mat_vec_q<(\d+), *\d+, *(\d+)", name.replace("void ", ""))
+    if m:
+        return f"{base} {GGML_TYPES.get(m[1], 'type ' + m[1])}" + (" (experts)" if m[2] == "1" else "")
+    return base
+
+
+def _families(ncu: dict) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for name, v in ncu["name"].items():
+        fam = out.setdefault(kernel_family(name), {"count": 0, "us": 0.0})
+        fam["count"] += v["count"]
+        fam["us"] = round(fam["us"] + v["total_us"], 1)
+    return out
+
+
+def summarize(raw: dict[str, Any]) -> dict[str, Any]:
+    bench, ncu, ops = raw.get("bench") or {}, raw.get("ncu") or {}, raw.get("ops") or {}
+    rows = []
+    for layers in ("43l", "4l"):
+        cols = bench.get(layers) or {}
+        if "pin" not in cols:
+            continue
+        last = [c for c in bench["columns"] if "+" not in c][-1]  # the build with every patch (no env switch)
+        pin, patched = cols["pin"], cols[last]
+        row = {"model": "deepseek-v4-flash", "layers": int(layers[:-1]), "experts": 16, "type": "ud-q8-k-xl",
+               "pin_tps": pin["decode_tps"], "patched_tps": patched["decode_tps"],
+               "decode_ratio": round(patched["decode_tps"] / pin["decode_tps"], 3),
+               "pin_prefill_tps": pin["prefill_tps"], "patched_prefill_tps": patched["prefill_tps"],
+               "prefill_ratio": round(patched["prefill_tps"] / pin["prefill_tps"], 3),
+               "levels": {c: {"decode_tps": v["decode_tps"], "prefill_tps": v["prefill_tps"]} for c, v in cols.items()}}
+        if layers == "43l":
+            row["hbm_ceiling_tps_h200"] = round(H200_BANDWIDTH / ACTIVE_BYTES_43L, 1)
+            row["pin_pct_of_ceiling"] = round(100 * pin["decode_tps"] * ACTIVE_BYTES_43L / H200_BANDWIDTH, 1)
+            row["patched_pct_of_ceiling"] = round(100 * patched["decode_tps"] * ACTIVE_BYTES_43L / H200_BANDWIDTH, 1)
+        rows.append(row)
+    kernels = {}
+    for label in ("pin", "patched"):
+        if label in ncu:
+            kernels[label] = {"layers": 4, "kernels_per_forward": ncu[label]["kernels_per_forward"],
+                              "kernel_us_per_forward": ncu[label]["kernel_us_per_forward"], "families": _families(ncu[label])}
+    op_rows = {}
+    for key, v in ops.items():
+        if isinstance(v, dict) and ":" in key:
+            label, op = key.split(":", 1)
+            op_rows.setdefault(op, {})[label] = {"passed": v["ok"], "failed": v["fail"]}
+    steps = (raw.get("build") or {}).get("steps", [])
+    patches = raw.get("patches") or [name for s in steps for name in s.get("patches", [])]
+    return {"gpu": raw.get("gpu"), "patches": patches, "build_seconds": [s.get("seconds") for s in
+            steps], "rows": rows, "kernels": kernels, "test_backend_ops": op_rows,
+            "command": "scripts/gpu-decode --src .carry/llama.cpp-src.tar.gz build models bench ncu ops  (GPU machine; "
+                       "then scripts/gpu-decode report; docs/gpu-report.md, Decode path)"}
+
+
+def section(summary: dict[str, Any] | None) -> str:
+    """The "decode path" section of docs/benchmarks.md."""
+    if not summary:
+        return "## 5. Decode path (issue 23)\n\nNot measured: run `scripts/gpu-decode` on the GPU machine.\n"
+    out = [f"""## 5. Decode path: the pin against our patches (issue 23)
+
+One H200 running the sm_80 build (PTX JIT, warmed up first), `llama-bench -p 512 -n 64 -r 3 -ngl 99 -fa 1`, every
+build in the same run, two interleaved rounds; {summary['gpu']}. Patches: {', '.join(p[:4] for p in summary['patches'])}
+(each level includes the ones before it).
+
+| model | layers | pin decode | patched decode | ratio | pin pp512 | patched pp512 | ratio | % of HBM ceiling (pin → patched) |
+| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"""]
+    for r in summary["rows"]:
+        pct = f"{r['pin_pct_of_ceiling']} → {r['patched_pct_of_ceiling']} % of {r['hbm_ceiling_tps_h200']}" if "pin_pct_of_ceiling" in r else "-"
+        out.append(f"| {r['model']} ({r['experts']} experts, {r['type']}) | {r['layers']} | {r['pin_tps']} | {r['patched_tps']} | "
+                   f"{r['decode_ratio']}x | {r['pin_prefill_tps']:.0f} | {r['patched_prefill_tps']:.0f} | {r['prefill_ratio']}x | {pct} |")
+    out.append("\nEach level, decode tokens/s (43 layers / 4 layers):\n")
+    big = next((r for r in summary["rows"] if r["layers"] == 43), None)
+    small = next((r for r in summary["rows"] if r["layers"] == 4), None)
+    if big and small:
+        out += ["| build | 43 layers | 4 layers |", "| --- | ---: | ---: |"]
+        out += [f"| {c} | {v['decode_tps']} | {small['levels'].get(c, {}).get('decode_tps', '-')} |" for c, v in big["levels"].items()]
+    k = summary["kernels"]
+    if "pin" in k and "patched" in k:
+        out.append(f"\nKernels in one 4-layer forward (ncu, one graph node each): **{k['pin']['kernels_per_forward']} → "
+                   f"{k['patched']['kernels_per_forward']}**, {k['pin']['kernel_us_per_forward']:.0f} → "
+                   f"{k['patched']['kernel_us_per_forward']:.0f} us of kernel time. By kernel family:\n")
+        out += ["| kernel | pin: count, us | patched: count, us |", "| --- | ---: | ---: |"]
+        fams = sorted(set(k["pin"]["families"]) | set(k["patched"]["families"]),
+                      key=lambda f: -max(k["pin"]["families"].get(f, {}).get("us", 0), k["patched"]["families"].get(f, {}).get("us", 0)))
+        for f in fams[:16]:
+            a, b = k["pin"]["families"].get(f, {}), k["patched"]["families"].get(f, {})
+            out.append(f"| `{f}` | {a.get('count', 0)}, {a.get('us', 0):.0f} | {b.get('count', 0)}, {b.get('us', 0):.0f} |")
+    ops = summary["test_backend_ops"]
+    if ops:
+        out += ["\n`test-backend-ops test -b CUDA0 -o OP` (GPU against the CPU backend):\n", "| op | pin | patched |", "| --- | --- | --- |"]
+        for op, v in ops.items():
+            cell = lambda x: f"{x['passed']} passed, {x['failed']} failed" if x else "-"  # noqa: E731
+            out.append(f"| {op} | {cell(v.get('pin'))} | {cell(v.get('patched'))} |")
+    out.append(f"\nReproduce: `{summary['command']}`.\n")
+    return "\n".join(out)

@@ -1,0 +1,46 @@
+"""`pyllm bench MODEL --profile`: ncu's per-node table turned into one decode step (the parsing runs here; ncu itself
+only on the GPU machine, where docs/results/gpu-decode.json came from)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import run_pyllm
+
+from pyllm_a100.bench.profile import KernelRow, kernel_table, one_step
+
+HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+
+
+def row(i: int, name: str, value: str, unit: str = "nsecond", metric: str = "gpu__time_duration.sum") -> str:
+    return f'"{i}","1","llama-bench","h","{name}","1","7","(128, 1, 1)","(2048, 6, 1)","0","9.0","Command line profiler metrics","{metric}","{unit}","{value}"\n'
+
+
+Q8 = "void mul_mat_vec_q<8, 1, 0, 0, 0>(const void *, const void *, const int *)"
+MOE = "void mul_mat_vec_q<39, 1, 1, 0, 0>(const void *, const void *, const int *)"
+NORM = "void rms_norm_f32<256, true>(const float *, float *)"
+
+
+def test_one_step_is_what_two_tokens_ran_beyond_one() -> None:
+    prelude = "==PROF== Connected to process 1\nllama-bench output\n"
+    one = prelude + HEADER + row(1, Q8, "2,000") + row(2, NORM, "3000") + row(3, NORM, "1", metric="sm__cycles")
+    two = HEADER + row(1, Q8, "2000") + row(2, NORM, "3000") + row(3, Q8, "2.5", "usecond") + row(4, MOE, "40000") + row(5, NORM, "3000")
+    first, second = kernel_table(one), kernel_table(two)
+    assert first[NORM] == (1, 3.0) and first[Q8] == (1, 2.0)  # thousands separators, ns -> us, other metrics ignored
+    step = one_step(first, second)
+    assert step == [KernelRow("mul_mat_vec_q MXFP4 (experts)", 1, 40.0), KernelRow("rms_norm_f32", 1, 3.0),
+                    KernelRow("mul_mat_vec_q Q8_0", 1, 2.5)]
+
+
+def test_profile_without_ncu_is_one_line(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    env = {"PATH": str(tmp_path)}  # no ncu here
+    result = run_pyllm("bench", str(tiny_models["tiny-llama"]), "--profile", env=env, timeout=60)
+    assert result.returncode == 1 and "--profile needs ncu (Nsight Compute) on PATH" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_profile_needs_a_model_and_runs_alone(tiny_models: dict[str, Path]) -> None:
+    result = run_pyllm("bench", "--url", "http://127.0.0.1:9", "--profile", timeout=60)
+    assert result.returncode == 1 and "--profile starts the model itself: give a MODEL" in result.stderr, result.stderr
+    both = run_pyllm("bench", str(tiny_models["tiny-llama"]), "--profile", "--verify-cost", "1-4", timeout=60)
+    assert both.returncode == 1 and "--verify-cost and --profile are separate benchmarks" in both.stderr, both.stderr
