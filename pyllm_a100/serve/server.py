@@ -139,15 +139,13 @@ class ServerConfig:
         return argv + list(self.extra_args)
 
 
-def _local_gpus(selected: list[int] | None = None) -> int:
-    """CUDA GPUs llama-server can use here: none on a CPU build; with --gpus, those chosen."""
-    if not build_info().get("cuda"):
-        return 0
-    if selected is not None:
-        return len(selected)
+def _local_gpus(selected: list[int] | None = None) -> tuple[int, int]:
+    """(usable, visible): the CUDA GPUs llama-server can use here (none on a CPU build; with --gpus, those chosen)
+    and those NVML shows this process (what --tensor-split counts without --gpus). NVML is asked once."""
     from ..devices.gpus import visible_gpus
 
-    return len(visible_gpus())
+    visible = len(visible_gpus()) if selected is None else len(selected)
+    return (visible if build_info().get("cuda") else 0), visible
 
 
 def select_gpus(text: str | Sequence[int]) -> list[int]:
@@ -159,15 +157,6 @@ def select_gpus(text: str | Sequence[int]) -> list[int]:
         raise GpuSelectionError(f"--gpus {devices.format_gpu_list(chosen)}: this llama.cpp build has no CUDA (CPU only), "
                                 "so llama-server cannot use a GPU: reinstall with CUDA (see README), or leave --gpus out")
     return chosen
-
-
-def default_gpu_layers() -> int | None:
-    """``999`` (all layers) when this build has CUDA and a GPU is visible, else None (CPU)."""
-    if not build_info().get("cuda"):
-        return None
-    from ..devices.gpus import visible_gpus
-
-    return 999 if visible_gpus() else None
 
 
 def make_config(
@@ -250,8 +239,9 @@ def make_config(
         for endpoint in endpoints:
             rpc_module.hello(endpoint)  # each worker must answer before llama-server is started
     selected = select_gpus(gpus) if gpus is not None else None
+    usable, visible = _local_gpus(selected)  # the machine asked once
     if (split_mode or tensor_mode.flag_value(extra_args, tensor_mode.SPLIT_MODE)) == "tensor":  # -sm after `--` too
-        tensor_mode.check(files.architecture, extra_args, _local_gpus(selected) + len(endpoints))
+        tensor_mode.check(files.architecture, extra_args, usable + len(endpoints))
     if parts is not None:
         if endpoints:
             from .rpc import list_devices
@@ -259,12 +249,8 @@ def make_config(
 
             env = child_env(selected) if selected is not None else None  # the GPUs llama-server will see
             n_devices = len(list_devices(endpoints, env=env))  # local GPUs and remote devices, in llama.cpp's order
-        elif selected is not None:
-            n_devices = len(selected)
         else:
-            from ..devices.gpus import visible_gpus
-
-            n_devices = len(visible_gpus())
+            n_devices = visible
         check_against_devices(parts, n_devices, text=str(tensor_split), gpus=selected)
     refused = bind_refusal(host, port)  # last: a busy port never hides a mistake found above
     if refused:
@@ -273,7 +259,7 @@ def make_config(
             raise PortInUse(f"{reason}: pass another --port, or stop that server (pyllm ps / pyllm stop)")
         raise ServerConfigError(reason)
     if n_gpu_layers is None:
-        n_gpu_layers = 999 if endpoints or selected else default_gpu_layers()  # remote devices hold layers too
+        n_gpu_layers = 999 if endpoints or usable else None  # all layers on the GPUs (remote devices hold layers too)
     return ServerConfig(
         model=files, host=host, port=port, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers, tensor_split=parts,
         split_mode=split_mode, parallel=parallel, api_key_file=Path(api_key_file) if api_key_file else None,
