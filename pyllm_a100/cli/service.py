@@ -165,13 +165,11 @@ def uninstall_cmd(
     root: RootOption = None,
 ) -> None:
     """Stop and disable pyllm-NAME.service, then remove its unit and key file."""
-    from ..errors import ServiceError
     from ..serve import systemd
 
     where = systemd.paths(name, user=user, root=root)
     if not where.unit_on_disk.exists() and not where.env_file_on_disk.exists():
-        raise ServiceError(f"no pyllm service {name}: {where.unit_on_disk} does not exist (pyllm service list"
-                           + ("" if user else "; a user unit needs --user") + ")")
+        raise systemd.not_installed(name, where, user)
     running = root is None and systemd.systemd_running()
     if running:
         systemd.systemctl(user, "disable", "--now", systemd.unit_name(name), check=False)
@@ -189,13 +187,11 @@ def status_cmd(
     root: RootOption = None,
 ) -> None:
     """The unit (installed or not), systemd's view of it, and the server as pyllm ps sees it."""
-    from ..errors import ServiceError
     from ..serve import state, systemd
 
     where = systemd.paths(name, user=user, root=root)
     if not where.unit_on_disk.exists():
-        raise ServiceError(f"no pyllm service {name}: {where.unit_on_disk} does not exist (pyllm service list"
-                           + ("" if user else "; a user unit needs --user") + ")")
+        raise systemd.not_installed(name, where, user)
     print(f"unit: {where.unit_on_disk}" + (f" (key in {where.env_file_on_disk})" if where.env_file_on_disk.exists() else ""))
     print("runs: " + " ".join(systemd.exec_start(where.unit_on_disk)))
     if root is None and systemd.systemd_running():

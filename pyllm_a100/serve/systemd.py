@@ -69,6 +69,12 @@ def paths(name: str, *, user: bool = False, root: str | os.PathLike[str] | None 
                      Path(root).absolute() if root is not None else None)
 
 
+def not_installed(name: str, where: UnitPaths, user: bool) -> ServiceError:
+    """The one-line error for a service name with no unit on disk."""
+    return ServiceError(f"no pyllm service {name}: {where.unit_on_disk} does not exist (pyllm service list"
+                        + ("" if user else "; a user unit needs --user") + ")")
+
+
 def quote(arg: str) -> str:
     """One ExecStart= word: as is when plain, else double-quoted (systemd.service "Command lines"); ``%`` and
     ``$`` doubled so systemd expands neither specifiers nor variables."""
