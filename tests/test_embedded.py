@@ -128,6 +128,37 @@ def test_gpu_layers_default_to_none_on_a_cpu_build(tiny_models: dict[str, Path])
     assert default_gpu_layers() == 0
 
 
+def test_context_defaults_are_llama_servers_and_an_argument_wins(tiny_models: dict[str, Path]) -> None:
+    import llama_cpp
+
+    from pyllm_a100 import Llama
+    from pyllm_a100.errors import InvalidArgument
+
+    model = tiny_models["tiny-llama"]
+    llm = Llama(model, n_ctx=4096)
+    try:
+        p = llm.context_params
+        assert p.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+        assert (llm.n_batch, p.n_batch, p.n_ubatch) == (2048, 2048, 512)
+        assert p.swa_full is False and (p.yarn_attn_factor, p.yarn_beta_fast, p.yarn_beta_slow) == (-1.0, -1.0, -1.0)
+    finally:
+        llm.close()
+    for flash_attn, want in [(False, llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED), ("on", llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED)]:
+        llm = Llama(model, n_ctx=512, n_batch=256, swa_full=True, flash_attn=flash_attn)
+        try:
+            assert llm.context_params.flash_attn_type == want
+            assert llm.n_batch == 256 and llm.context_params.swa_full is True
+        finally:
+            llm.close()
+    plain = llama_cpp.Llama(str(model), n_ctx=512, verbose=False)  # llama-cpp-python's own class is left alone
+    try:
+        assert plain.context_params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    finally:
+        plain.close()
+    with pytest.raises(InvalidArgument, match="flash_attn=1"):
+        Llama(model, flash_attn=1)
+
+
 def test_tensor_split_syntax_and_model_checks_are_shared_with_serve(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     from pyllm_a100 import Llama
     from pyllm_a100.errors import NotAGGUF, TensorSplitError
