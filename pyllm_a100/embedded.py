@@ -215,6 +215,22 @@ class Llama(_llama_cpp.Llama):
             raise InvalidArgument(f"--max-tokens {max_tokens}: must be at least 1")
         return self._generate_text(prompt, max_tokens=max_tokens, **sampling)
 
+    def embed(self, input: str | list[str], normalize: bool = False, truncate: bool = True, return_count: bool = False):
+        """llama-cpp-python's ``embed``, with per-token embeddings (pooling none) of a list read right.
+
+        llama-cpp-python 0.3.36 decodes a list in one batch and reads the n-th text's token vectors from
+        float offset ``tokens before it + j * n_embd`` instead of ``(tokens before it + j) * n_embd``:
+        every text after the first gets the wrong numbers. Without pooling, each text is decoded alone.
+        """
+        if isinstance(input, str) or len(input) < 2 or self.pooling_type() != _llama_cpp.LLAMA_POOLING_TYPE_NONE:
+            return super().embed(input, normalize=normalize, truncate=truncate, return_count=return_count)
+        vectors, count = [], 0
+        for text in input:
+            one, n = super().embed(text, normalize=normalize, truncate=truncate, return_count=True)
+            vectors.append(one)
+            count += n
+        return (vectors, count) if return_count else vectors
+
     def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
         """The prompt the model's own chat template (GGUF ``tokenizer.chat_template``) makes of ``messages``."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter

@@ -159,6 +159,25 @@ def test_context_defaults_are_llama_servers_and_an_argument_wins(tiny_models: di
         Llama(model, flash_attn=1)
 
 
+def test_per_token_embeddings_of_a_list_equal_each_text_alone(tiny_models: dict[str, Path]) -> None:
+    """llama-cpp-python 0.3.36's embed(list) without pooling reads every text after the first at the wrong offset."""
+    import llama_cpp
+
+    from pyllm_a100 import Llama
+
+    texts = ["The cat sat on the mat.", "Stock markets fell sharply today, again.", "A third one."]
+    llm = Llama(tiny_models["tiny-llama"], n_ctx=512, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE)
+    try:
+        alone = [np.array(llm.embed(t)) for t in texts]
+        together, count = llm.embed(texts, return_count=True)
+        served = [np.array(d["embedding"]) for d in llm.create_embedding(texts)["data"]]
+    finally:
+        llm.close()
+    assert count == sum(len(a) for a in alone)
+    for a, b, c in zip(alone, together, served):
+        assert a.shape == np.array(b).shape == c.shape and np.abs(a - np.array(b)).max() < 1e-5 and np.abs(a - c).max() < 1e-5
+
+
 def test_tensor_split_syntax_and_model_checks_are_shared_with_serve(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     from pyllm_a100 import Llama
     from pyllm_a100.errors import NotAGGUF, TensorSplitError
