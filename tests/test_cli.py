@@ -82,3 +82,10 @@ def test_synth_help_lists_every_preset() -> None:
 def test_vendor_pack_help_gives_the_whole_build_command() -> None:
     text = help_text("vendor", "pack")
     assert "pip install -r requirements.txt -C cmake.define.PYLLM_LLAMA_CPP_SOURCE=" in text, text
+
+
+def test_synth_says_1_layer_and_1_file(tmp_path: Path) -> None:
+    one = run_pyllm("synth", "tiny-llama", "--layers", "1", "-o", str(tmp_path / "one.gguf"), check=True).stdout
+    assert "(f16, 1 layer, " in one and " in 1 file, " in one, one
+    two = run_pyllm("synth", "tiny-llama", "-o", str(tmp_path / "two.gguf"), check=True).stdout
+    assert "(f16, 2 layers, " in two, two

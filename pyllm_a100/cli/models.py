@@ -48,8 +48,8 @@ def synth_cmd(
     for path in result.paths:
         print(path)
     print(
-        f"{result.preset} ({result.weight_type}, {result.layers} layers, {result.n_tensors} tensors): "
-        f"{result.bytes_written / 2**20:.1f} MiB in {len(result.paths)} file(s), "
+        f"{result.preset} ({result.weight_type}, {result.layers} layer{'' if result.layers == 1 else 's'}, {result.n_tensors} tensors): "
+        f"{result.bytes_written / 2**20:.1f} MiB in {len(result.paths)} file{'' if len(result.paths) == 1 else 's'}, "
         f"{result.seconds:.2f} s, {result.mb_per_s:.0f} MB/s, peak RSS {result.peak_rss / 2**20:.0f} MiB"
     )
 
