@@ -89,3 +89,11 @@ def test_synth_says_1_layer_and_1_file(tmp_path: Path) -> None:
     assert "(f16, 1 layer, " in one and " in 1 file, " in one, one
     two = run_pyllm("synth", "tiny-llama", "-o", str(tmp_path / "two.gguf"), check=True).stdout
     assert "(f16, 2 layers, " in two, two
+
+
+def test_the_command_starts_without_numpy() -> None:
+    """synth's help lists the presets table; reading it must not pull numpy into every `pyllm` run."""
+    from conftest import run_python
+
+    result = run_python("import sys, pyllm_a100.cli; print('numpy' in sys.modules)")
+    assert result.stdout.strip() == "False", result.stderr
