@@ -25,7 +25,7 @@ def aligned(header: list[str], rows: list[list[str]], right: frozenset[int] = fr
 
     def line(cells: list[str]) -> str:
         parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells[:-1], widths))]
-        return " ".join(parts + [cells[-1]]).rstrip()
+        return "  ".join(parts + [cells[-1]]).rstrip()
 
     return [line(header), *(line(r) for r in rows)]
 
