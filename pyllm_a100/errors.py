@@ -71,7 +71,7 @@ class ModelError(PyllmError):
 
 
 class ModelNotFound(ModelError, FileNotFoundError):
-    """``model ./m.gguf does not exist: give a .gguf file, shard 1 of a set, a folder, ...``"""
+    """``model ./m.gguf does not exist (no such file, nor a fetched name): give a .gguf file, shard 1 of a set, ...``"""
 
 
 class AmbiguousModel(ModelError, ValueError):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,11 @@ PYLLM = Path(sys.executable).parent / "pyllm"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Started with SIGINT ignored (`pytest &` in a script or a shell without job control, `nohup` from one,
+    # `trap '' INT`): every child would inherit the ignored SIGINT through exec, and the tests that press
+    # Ctrl-C on pyllm would wait for nothing. A handler installed here is reset to the default in each child.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     import pyllm_a100
 
     where = Path(pyllm_a100.__file__).resolve().parent
@@ -58,11 +66,42 @@ def info() -> dict:
 
 
 @pytest.fixture(autouse=True)
-def pyllm_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test gets its own PYLLM_HOME: servers, logs and keys never leak between tests."""
+def pyllm_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Each test gets its own PYLLM_HOME: servers, logs and keys never leak between tests. A test that fails
+    half-way leaves no process behind either: see no_process_left_behind."""
     home = tmp_path_factory.mktemp("pyllm-home")
     monkeypatch.setenv("PYLLM_HOME", str(home))
-    return home
+    before = {p.pid for p in _children()}
+    try:
+        yield home
+    finally:
+        no_process_left_behind(home, before)
+
+
+def _children() -> list:
+    import psutil
+
+    return psutil.Process().children(recursive=True)
+
+
+def no_process_left_behind(home: Path, before: set[int]) -> None:
+    """Stop what a test started and left running (it failed before its own stop): first our new child
+    processes (reaped here: a zombie would keep `pyllm stop` waiting for it), then the managed servers and
+    workers still registered under its PYLLM_HOME (detached ones are not our children)."""
+    import psutil
+
+    left = [p for p in _children() if p.pid not in before]
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(left, timeout=15)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=5)
+    for entry in sorted((home / "servers").glob("*/state.json")):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            run_pyllm("stop", entry.parent.name, env={"PYLLM_HOME": str(home)}, timeout=60)
 
 
 TINY_PRESETS = ("tiny-llama", "tiny-deepseek4", "tiny-glm-dsa", "tiny-deepseek32", "tiny-mamba")

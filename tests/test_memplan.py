@@ -55,6 +55,16 @@ def test_deepseek_v4_flash_plan_counts_its_compressed_caches() -> None:
     assert 0 < ud["kv_bytes"] < full / 3
 
 
+def test_a_too_big_rows_note_gives_the_weights_columns_number() -> None:
+    """doctor's f32 row said 1059.2 GiB of weights and its note "1057 GiB" (the part on the GPUs): one number now."""
+    rows = {r["label"]: r for r in plan_json("deepseek-v4-flash", "--gpus", "8x80")["rows"]}
+    f32 = rows["f32"]
+    assert not f32["fits"]
+    column = f"{f32['weight_bytes'] / 2**30:.1f}"
+    on_gpus = f"{(f32['weight_bytes'] - f32['host_bytes']) / 2**30:.1f}"
+    assert f32["note"].startswith(f"weights alone need {column} GiB, {on_gpus} GiB of it on the GPUs"), f32["note"]
+
+
 def test_a_model_that_does_not_fit_at_the_context_gets_a_smaller_one() -> None:
     plan = plan_json("glm-5", "--gpus", "8x80", "--ctx-size", "202752", "--parallel", "16")
     ud = {r["label"]: r for r in plan["rows"]}["ud-q8-k-xl"]

@@ -33,28 +33,32 @@ def test_temperature_zero_chat_answers_a_factual_question(servers, smollm2: Path
     assert "Paris" in reply.choices[0].message.content, reply.choices[0].message.content
 
 
-def test_in_process_llama_and_the_managed_server_generate_the_same_tokens(servers, smollm2: Path) -> None:
+SAME_TEXT_PROMPTS = ["The three primary colors are", "Once upon a time, in a quiet village,", "def fibonacci(n):"]
+SAME_TEXT_CHAT = "Explain in detail how a bicycle works."
+
+
+def test_in_process_llama_and_the_managed_server_generate_the_same_text_with_their_defaults(servers, smollm2: Path) -> None:
+    """Llama(path) and pyllm serve path, no settings on either side but greedy sampling and the same number of
+    tokens: the same text (flash attention auto, n_batch 2048... are the server's on both: README's table)."""
     from pyllm_a100 import Llama
 
-    # The same settings on both sides: llama-server turns flash attention on where it can ("auto"),
-    # llama-cpp-python's Llama leaves it off unless asked; with it off the tokens part at token 15 here.
-    llm = Llama(smollm2, n_ctx=1024, flash_attn=True)
+    n = 48
+    greedy = {"temperature": 0, "top_k": 1}
+    llm = Llama(smollm2)
     try:
-        text = llm.apply_chat_template([{"role": "user", "content": "Explain in detail how a bicycle works."}])
-        prompt = llm.tokenize(text.encode(), add_bos=True, special=True)
-        local = []
-        for token in llm.generate(prompt, temp=0.0):
-            local.append(int(token))
-            if len(local) == 48:
-                break
-        said = llm.detokenize(local).decode(errors="replace")
+        local = ["".join(llm.generate(p, max_tokens=n, **greedy)) for p in SAME_TEXT_PROMPTS]
+        chat_text = llm.apply_chat_template([{"role": "user", "content": SAME_TEXT_CHAT}])
+        local_chat = "".join(llm.generate(chat_text, max_tokens=n, **greedy))
     finally:
         llm.close()
-    server = servers.start(smollm2, ctx_size=1024)
-    reply = httpx.post(server.base_url + "/completion", timeout=120, json={
-        "prompt": prompt, "n_predict": 48, "temperature": 0, "return_tokens": True, "ignore_eos": True}).json()
-    assert reply["tokens"] == local, f"server {reply['content']!r} vs in-process {said!r}"
-    assert len(set(said.split())) > 10, said  # a real answer, not a repeated token
+    server = servers.start(smollm2)
+    for prompt, mine in zip(SAME_TEXT_PROMPTS, local):
+        served = httpx.post(server.base_url + "/completion", timeout=120,
+                            json={"prompt": prompt, "n_predict": n, **greedy}).json()["content"]
+        assert served == mine, f"{prompt!r}: server {served!r} vs in-process {mine!r}"
+    reply = chat(server, SAME_TEXT_CHAT, max_tokens=n, extra_body={"top_k": 1}).choices[0].message.content
+    assert reply == local_chat, f"chat: server {reply!r} vs in-process {local_chat!r}"
+    assert len(set(local_chat.split())) > 10, local_chat  # a real answer, not a repeated token
 
 
 def test_streaming_equals_non_streaming(servers, smollm2: Path) -> None:
@@ -157,7 +161,7 @@ def test_embeddings_endpoint_when_served_with_embeddings_on(servers, smollm2: Pa
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4), "llama-server returns unit vectors"
     import llama_cpp
 
-    llm = Llama(smollm2, n_ctx=512, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, flash_attn=True)
+    llm = Llama(smollm2, n_ctx=512, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN)
     try:
         local = np.array([llm.embed(t, normalize=True) for t in texts])
     finally:

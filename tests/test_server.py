@@ -194,6 +194,19 @@ def test_logs_and_stop(tiny_deepseek4: Path) -> None:
     assert missing.returncode == 1 and "no managed server named 'lg'" in missing.stderr
 
 
+def test_stop_of_a_foreground_server_whose_parent_has_not_reaped_it_is_quick(tiny_deepseek4: Path) -> None:
+    """pyllm stop waited 40 s (its whole TERM then KILL wait) for a pyllm serve that had exited as a zombie."""
+    proc, child = _start_foreground(tiny_deepseek4)
+    (name,) = [e["name"] for e in json.loads(run_pyllm("ps", "--json", check=True).stdout)]
+    started = time.monotonic()
+    assert run_pyllm("stop", name, timeout=60, check=True).stdout.strip() == f"stopped {name}"
+    assert time.monotonic() - started < 15
+    assert psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE  # not reaped by us until now
+    assert proc.wait(timeout=10) == 0
+    gone, alive = psutil.wait_procs([child], timeout=10)
+    assert child in gone and not alive
+
+
 def test_progress_is_reported_until_ready(servers, tiny_deepseek4: Path) -> None:
     seen = []
     servers.start(tiny_deepseek4, on_progress=seen.append)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import json
 import os
 from pathlib import Path
@@ -23,12 +24,37 @@ def _candidates() -> list[Path]:
     return found
 
 
+def shadowed_install() -> Path | None:
+    """The installed package's build folder when this pyllm_a100 was imported from a source checkout instead.
+
+    Python puts the current folder first on sys.path: ``python -c 'import pyllm_a100'`` in the repository root
+    imports the checkout (pyproject.toml beside it, no _native inside), not the installed package.
+    """
+    package = Path(__file__).resolve().parents[1]
+    if not (package.parent / "pyproject.toml").is_file() or (package / "_native").exists():
+        return None
+    try:
+        installed = Path(importlib.metadata.distribution("pyllm-a100").locate_file("pyllm_a100")).resolve()
+    except (importlib.metadata.PackageNotFoundError, OSError):
+        return None
+    native = installed / "_native"
+    return native if installed != package and (native / BUILD_INFO).is_file() else None
+
+
 @functools.lru_cache(maxsize=None)
 def _native_dir(override: str | None) -> Path:
     tried = _candidates()
     for candidate in tried:
         if (candidate / BUILD_INFO).is_file():
             return candidate.resolve()
+    installed = None if override else shadowed_install()
+    if installed is not None:
+        checkout = Path(__file__).resolve().parents[2]
+        raise NativeBuildNotFound(
+            f"pyllm_a100 was imported from the source checkout {checkout} (the current folder comes first on "
+            f"Python's path), which has no llama.cpp build, instead of the installed package: run from another "
+            f"folder (cd ~), or set {NATIVE_DIR_ENV}={installed}"
+        )
     raise NativeBuildNotFound(
         "no llama.cpp build found (tried: "
         + ", ".join(str(p) for p in tried)

@@ -14,6 +14,28 @@ from .common import err
 from .service import service_app
 from .vendor import vendor_app
 
+
+def _flags_take_no_value() -> None:
+    """No ``<bool>`` beside a flag in --help (``--json <bool>`` reads as if ``--json true`` were accepted; it is an error).
+
+    typer 0.29's rich help prints every option's type (TyperOption.display_type_rich: ``<int>``, ``<str>``...)
+    and does not leave out flags, --help included; older typer and click print nothing for a flag. Not our
+    metavar (none is set) nor rich_markup_mode: the type column itself. A flag gets no type here.
+    """
+    option = getattr(typer.core, "TyperOption", None)
+    shown = getattr(option, "display_type_rich", None)
+    if shown is None or getattr(shown, "_pyllm_flags", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag and self.metavar is None else shown(self, ctx)
+
+    display_type_rich._pyllm_flags = True
+    option.display_type_rich = display_type_rich
+
+
+_flags_take_no_value()
+
 app = typer.Typer(
     name="pyllm",
     help="Run DeepSeek-V4-Flash, GLM-5.x and friends on A100/A800 through llama.cpp.",

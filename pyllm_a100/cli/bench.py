@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import JsonFlag, print_table
+from .common import MODEL_HELP, JsonFlag, print_table
 
 
 def bench_cmd(
@@ -115,7 +115,7 @@ def bench_cmd(
 
 
 def tune_cmd(
-    model: Annotated[str, typer.Argument(help="A .gguf file, shard 1 of a set, a folder, or REPO[:QUANT].")],
+    model: Annotated[str, typer.Argument(help=MODEL_HELP)],
     prompt_tokens: Annotated[int, typer.Option(help="Prompt length per request.")] = 512,
     gen_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 64,
     repeat: Annotated[int, typer.Option(help="Requests per candidate.")] = 2,

@@ -8,10 +8,26 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from ..models.gguf_files import MODEL_FORMS
+
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
+MODEL_HELP = MODEL_FORMS[0].upper() + MODEL_FORMS[1:] + "."
+
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
+JsonListFlag = Annotated[bool, typer.Option("--json", help="Print a JSON list instead of text, one object per row.")]
+
+
+def aligned(header: list[str], rows: list[list[str]], right: frozenset[int] = frozenset()) -> list[str]:
+    """Lines of a plain table whose columns are as wide as their longest cell (the last one unpadded)."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells[:-1], widths))]
+        return "  ".join(parts + [cells[-1]]).rstrip()
+
+    return [line(header), *(line(r) for r in rows)]
 
 
 def print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from .common import JsonFlag, out
+from .common import MODEL_HELP, JsonFlag, out
 
 
 def build_info_cmd(as_json: JsonFlag = False) -> None:
@@ -36,7 +36,7 @@ def build_info_cmd(as_json: JsonFlag = False) -> None:
 
 
 def doctor_cmd(
-    model: Annotated[Optional[str], typer.Argument(help="A .gguf file, shard 1 of a set, or a folder holding one set.")] = None,
+    model: Annotated[Optional[str], typer.Argument(help=MODEL_HELP[:-1] + "; with --gpus also a preset (glm-5, deepseek-v4-flash) or a hub repo, read by metadata only.")] = None,
     ctx_size: Annotated[Optional[int], typer.Option(help="Context to plan for (default: the model's, at most 16384).")] = None,
     rpc: Annotated[Optional[str], typer.Option(help="Also list these rpc-server workers' devices (HOST:PORT[,...]).")] = None,
     gpus: Annotated[Optional[str], typer.Option(help="Plan memory for COUNTxGIB GPUs (e.g. 8x80), or for GPUs of this machine "

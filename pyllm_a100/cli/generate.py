@@ -7,11 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import err
+from .common import MODEL_HELP, err
 
 
 def generate_cmd(
-    model: Annotated[str, typer.Argument(help="A .gguf file, shard 1 of a set, or a folder holding one set.")],
+    model: Annotated[str, typer.Argument(help=MODEL_HELP)],
     prompt: Annotated[str, typer.Argument(help="Text to continue (with --chat: the user's message).")],
     max_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 128,
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.8,

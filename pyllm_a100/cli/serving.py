@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import JsonFlag, err
+from .common import MODEL_HELP, JsonListFlag, aligned, err
 
 
 def _progress_printer(label: str):
@@ -45,7 +45,7 @@ def _print_ready(url: str, served_name: str, api_key: str | None, key_file: str 
 
 def serve_cmd(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(help="A .gguf file, shard 1 of a set, or a folder/glob holding one set.")],
+    model: Annotated[str, typer.Argument(help=MODEL_HELP)],
     tensor_split: Annotated[Optional[str], typer.Option(help="How to spread layers over GPUs: 1x8, 3,1, 2x2,1x4.")] = None,
     split_mode: Annotated[Optional[str], typer.Option(help="layer (default), tensor or none (row is gone from llama.cpp's CUDA backend).")] = None,
     ctx_size: Annotated[Optional[int], typer.Option(help="Context length in tokens (default: the model's, at most 16384).")] = None,
@@ -208,7 +208,7 @@ def supervise_cmd(directory: Path) -> None:
 
 
 def ps_cmd(
-    as_json: JsonFlag = False,
+    as_json: JsonListFlag = False,
     prune: Annotated[bool, typer.Option(help="Also remove failed servers' entries (their logs stay on disk).")] = False,
 ) -> None:
     """Managed servers: name, status, endpoint, model, PIDs. Stale entries are cleaned; failed ones stay until stopped or pruned."""
@@ -225,14 +225,18 @@ def ps_cmd(
         return
     from ..devices.gpus import format_gpu_list
 
-    print(f"{'NAME':<28} {'KIND':<10} {'STATUS':<11} {'URL':<26} {'PID':>7} {'RESTARTS':>8} {'GPUS':<8} MODEL")
+    rows = []
     for e in entries:
         d = e.data
         pid = "-" if e.failed else (d.get("server_pid") or "-")
         used = d.get("gpus") if isinstance(d.get("gpus"), list) else []
-        gpus = format_gpu_list(used) or "-"
-        print(f"{e.name:<28} {str(d.get('kind', 'server')):<10} {str(d.get('status', '?')):<11} {str(d.get('url', '')):<26} "
-              f"{pid:>7} {d.get('restarts', 0):>8} {gpus:<8} {d.get('model', '')}")
+        rows.append([e.name, str(d.get("kind", "server")), str(d.get("status", "?")), str(d.get("url", "")), str(pid),
+                     str(d.get("restarts", 0)), format_gpu_list(used) or "-", str(d.get("model", ""))])
+    header, *lines = aligned(["NAME", "KIND", "STATUS", "URL", "PID", "RESTARTS", "GPUS", "MODEL"], rows, right=frozenset({4, 5}))
+    print(header)
+    for e, text in zip(entries, lines):
+        d = e.data
+        print(text)
         if d.get("service"):
             print(f"  service: {d['service']} (pyllm service status {e.name})")
         if d.get("metrics"):

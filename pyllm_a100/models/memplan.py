@@ -325,7 +325,8 @@ def plan_row(shape: Shape, model_arg: str, gpus: GpuSpec, ctx: int, slots: int, 
         elif serve is None:
             need = shape.weight_bytes - shape.input_bytes
             at_least = math.ceil(need / room)
-            note = f"weights alone need {need / GIB:.0f} GiB: at least {at_least} GPUs of {gpus.gib:g} GiB"
+            note = (f"weights alone need {shape.weight_bytes / GIB:.1f} GiB, {need / GIB:.1f} GiB of it on the GPUs "
+                    f"(the token embedding stays in host memory): at least {at_least} GPUs of {gpus.gib:g} GiB")
     return Row(
         label=shape.label, weight_bytes=shape.weight_bytes, host_bytes=shape.input_bytes,
         kv_bytes=sum(kv_layer_bytes(shape, ctx, slots, type_k_bytes=type_k_bytes, type_v_bytes=type_k_bytes)),

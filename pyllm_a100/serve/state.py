@@ -186,6 +186,21 @@ def find(name: str | None) -> ServerEntry:
     raise ServerNotFound(f"no managed server named {name!r} (listed: {names}): see `pyllm ps`")
 
 
+def _ended(proc: psutil.Process, timeout: float) -> bool:
+    """Whether ``proc`` exits within ``timeout`` s. A zombie has exited: it waits only for its parent to reap it
+    (a foreground pyllm serve started by a script that has not waited yet), so it counts as ended."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 def stop(entry: ServerEntry, timeout: float = 30.0) -> bool:
     """SIGTERM the owning pyllm process (it stops llama-server cleanly); KILL if it hangs.
 
@@ -196,11 +211,9 @@ def stop(entry: ServerEntry, timeout: float = 30.0) -> bool:
     if proc is not None:
         try:
             proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout)
-            except psutil.TimeoutExpired:
+            if not _ended(proc, timeout):
                 proc.kill()
-                proc.wait(timeout=10)
+                _ended(proc, 10)
         except psutil.NoSuchProcess:
             pass
         try:

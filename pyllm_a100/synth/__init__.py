@@ -56,11 +56,32 @@ tokenizer) and ``writer`` (GGUF files on disk). Each imports only the ones befor
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .layouts import deepseek4_compress_ratios
 from .plan import Init, Plan, SynthError, TensorSpec
 from .presets import PLANNERS, PRESETS, Preset, hparams_for, plan, preset
-from .tensors import NVFP4_SCALED_ARCHS, WEIGHT_TYPES, draw, ggml_type_for, quantize_nvfp4, tensor_nbytes, typed_tensors
-from .writer import SynthResult, parse_size, synthesize
+
+if TYPE_CHECKING:
+    from .tensors import NVFP4_SCALED_ARCHS, WEIGHT_TYPES, draw, ggml_type_for, quantize_nvfp4, tensor_nbytes, typed_tensors
+    from .writer import SynthResult, parse_size, synthesize
+
+# tensors and writer import numpy: they load on first use, so that `pyllm --help` (whose synth help
+# lists PRESETS from here) starts without numpy, as it did before.
+_LAZY = {
+    **dict.fromkeys(("NVFP4_SCALED_ARCHS", "WEIGHT_TYPES", "draw", "ggml_type_for", "quantize_nvfp4", "tensor_nbytes",
+                     "typed_tensors"), "tensors"),
+    **dict.fromkeys(("SynthResult", "parse_size", "synthesize"), "writer"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "NVFP4_SCALED_ARCHS", "PLANNERS", "PRESETS", "WEIGHT_TYPES", "Init", "Plan", "Preset", "SynthError", "SynthResult",
