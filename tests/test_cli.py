@@ -98,3 +98,9 @@ def test_the_command_starts_without_numpy() -> None:
 
     result = run_python("import sys, pyllm_a100.cli; print('numpy' in sys.modules)")
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_doctor_plan_without_a_model_names_both_gpus_forms() -> None:
+    result = run_pyllm("doctor", "--gpus", "0-3")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "needs a MODEL" in result.stderr and "8x80" in result.stderr and "such as 0-3" in result.stderr
