@@ -17,6 +17,8 @@
 # Sets PYLLM_UI_IN (ON/OFF), PYLLM_UI_DETAIL (one line for build-info) and LLAMA_BUILD_UI /
 # LLAMA_USE_PREBUILT_UI (never ON: no download from the hub).
 
+set(PYLLM_UI_MIN_NODE "20.19")
+
 function(pyllm_provision_ui)
   string(TOUPPER "${PYLLM_UI}" mode)
   if(NOT mode MATCHES "^(AUTO|ON|OFF)$")
@@ -40,8 +42,18 @@ function(pyllm_provision_ui)
     set(detail "no: PYLLM_UI=OFF")
   else()
     find_program(PYLLM_NPM npm)
-    if(NOT PYLLM_NPM)
+    find_program(PYLLM_NODE node)
+    set(node_version "")
+    if(PYLLM_NODE)
+      execute_process(COMMAND "${PYLLM_NODE}" --version OUTPUT_VARIABLE node_version
+                      OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+      string(REGEX REPLACE "^v" "" node_version "${node_version}")
+    endif()
+    if(NOT PYLLM_NPM OR NOT PYLLM_NODE)
       set(detail "no: npm was not found at build time (install nodejs and npm, or build from an archive written by pyllm vendor pack --with-ui)")
+    elseif(node_version VERSION_LESS "${PYLLM_UI_MIN_NODE}")
+      # The pin's UI builds with vite 7 (package-lock.json: engines "^20.19.0 || >=22.12.0"); Debian 12's nodejs is 18.
+      set(detail "no: Node.js ${node_version} is too old for the UI build (vite 7 needs ${PYLLM_UI_MIN_NODE} or newer: npm install -g node@20, or build from pyllm vendor pack --with-ui)")
     else()
       execute_process(COMMAND "${PYLLM_NPM}" --version OUTPUT_VARIABLE npm_version
                       OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
@@ -67,7 +79,7 @@ function(pyllm_provision_ui)
       if(rc EQUAL 0 AND EXISTS "${ui_bin}/dist/index.html"
          AND (ui_out MATCHES "UI: npm build succeeded" OR ui_out MATCHES "UI: npm output up-to-date"))
         set(in ON)
-        set(detail "yes: built with npm ${npm_version}")
+        set(detail "yes: built with npm ${npm_version} (Node.js ${node_version})")
         # llama.cpp's build-time step then finds the npm output up to date and embeds it.
         set(LLAMA_BUILD_UI ON CACHE BOOL "the UI is provisioned by pyllm's PYLLM_UI (cmake/PyllmUi.cmake)" FORCE)
       else()
