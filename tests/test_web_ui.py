@@ -4,6 +4,7 @@ asks a question and reads the model's answer off the page. A screenshot of the l
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ CHROMEDRIVER = shutil.which("chromedriver")
 ARTIFACTS = Path(os.environ.get("PYLLM_TEST_ARTIFACTS", REPO / "build" / "test-artifacts"))
 API_KEY = "web-ui-test-key-4d1f"
 QUESTION = "What is the capital of France?"
+SYSTEM_MESSAGE = "You are a helpful assistant."
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None,
@@ -62,7 +64,7 @@ class ServeProcess:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # what Ctrl-C does: pyllm stops its llama-server
+            self.proc.send_signal(signal.SIGTERM)  # pyllm stops its llama-server, as on Ctrl-C
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
@@ -107,9 +109,11 @@ def test_the_web_ui_asks_for_the_api_key_and_answers_a_question(browser, smollm2
 
     assert info.get("ui"), (f"this build has no web UI (build info: {info.get('ui_detail')!r}): GET / answers 404. "
                             "Build with npm installed (PYLLM_UI=AUTO) or from `pyllm vendor pack --with-ui`")
-    # --temp 0: the UI takes the server's sampling defaults (/props), so the 135M model answers deterministically.
-    serve = ServeProcess(str(smollm2), "--host", "127.0.0.1", "--port", "0", "--api-key", API_KEY,
-                         "--ctx-size", "2048", "--", "--temp", "0")
+    # The UI takes the server's sampling defaults (/props): --temp 0 makes the answer deterministic. With no system
+    # message SmolLM2-135M answers this question with French nonsense even at temperature 0; with one it says
+    # "The capital of France is Paris." --ui-config is the admin's default UI settings for a new browser.
+    serve = ServeProcess(str(smollm2), "--host", "127.0.0.1", "--port", "0", "--api-key", API_KEY, "--ctx-size", "2048",
+                         "--", "--temp", "0", "--ui-config", json.dumps({"systemMessage": SYSTEM_MESSAGE}))
     shot = ARTIFACTS / "web-ui.png"
     try:
         url = serve.wait_ready(300)
@@ -123,6 +127,7 @@ def test_the_web_ui_asks_for_the_api_key_and_answers_a_question(browser, smollm2
             # No key stored in this browser yet: /props answers 401 and the UI shows its API key splash.
             wait.until(EC.element_to_be_clickable((By.XPATH, "//button[contains(., 'Enter API Key')]"))).click()
             wait.until(EC.visibility_of_element_located((By.ID, "api-key-input"))).send_keys(API_KEY)
+            _screenshot(browser, tmp_path, "web-ui-api-key.png")
             browser.find_element(By.XPATH, "//button[contains(., 'Save & Retry')]").click()
             box = wait.until(EC.element_to_be_clickable((By.TAG_NAME, "textarea")))
             box.send_keys(QUESTION)
