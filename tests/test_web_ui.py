@@ -1,6 +1,7 @@
 """llama-server's web UI in a real browser: headless Chromium (Debian's `chromium` and `chromium-driver`, driven
 through selenium) opens / of `pyllm serve` on SmolLM2-135M-Instruct, enters the API key the server asks for,
-asks a question and reads the model's answer off the page. A screenshot of the last state is kept."""
+asks a question and reads the model's answer off the page. Screenshots are kept. And `pyllm vendor pack --with-ui`
+puts the built assets into the offline archive (with a stand-in npm: seconds, no registry)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import PYLLM, REPO
+from conftest import PYLLM, REPO, run_pyllm
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -27,7 +28,7 @@ API_KEY = "web-ui-test-key-4d1f"
 QUESTION = "What is the capital of France?"
 SYSTEM_MESSAGE = "You are a helpful assistant."
 
-pytestmark = pytest.mark.skipif(
+needs_chromium = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None,
     reason="needs Chromium and its WebDriver: apt install chromium chromium-driver (.ci/run installs them)",
 )
@@ -100,6 +101,7 @@ def _screenshot(driver, tmp_path: Path, name: str) -> Path:
     return stable
 
 
+@needs_chromium
 def test_the_web_ui_asks_for_the_api_key_and_answers_a_question(browser, smollm2: Path, info: dict, tmp_path: Path) -> None:
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
@@ -146,3 +148,57 @@ def test_the_web_ui_asks_for_the_api_key_and_answers_a_question(browser, smollm2
         print(f"web UI screenshot: {shot}")
     finally:
         serve.stop()
+
+
+# --- pyllm vendor pack --with-ui ------------------------------------------------------------
+
+FAKE_NPM = """#!/bin/sh
+# stand-in npm: `ci` fills node_modules, `run build` writes the assets where llama.cpp's build asks for them
+case "$1" in
+  --version) echo 0.0-stand-in ;;
+  ci) mkdir -p node_modules/some-package && echo x > node_modules/some-package/index.js ;;
+  run) mkdir -p "$LLAMA_UI_OUT_DIR/_app" && echo '<html>stand-in UI</html>' > "$LLAMA_UI_OUT_DIR/index.html" \
+         && echo 'js' > "$LLAMA_UI_OUT_DIR/_app/bundle.js" ;;
+esac
+"""
+
+
+def _tree_with_ui(root: Path) -> Path:
+    for rel, text in {"CMakeLists.txt": "project(stand_in)\n", "include/llama.h": "// llama.h\n", "ggml/CMakeLists.txt": "#\n",
+                      "tools/ui/package.json": "{}\n", "tools/ui/src/app.html": "<div></div>\n",
+                      "tools/ui/node_modules/left-over/index.js": "x\n", "tools/ui/dist/index.html": "stale\n"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_vendor_pack_with_ui_puts_the_built_assets_into_the_archive(tmp_path: Path) -> None:
+    import tarfile
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "npm").write_text(FAKE_NPM)
+    (bin_dir / "npm").chmod(0o755)
+    tree = _tree_with_ui(tmp_path / "tree")
+    archive = tmp_path / "src.tar.gz"
+    result = run_pyllm("vendor", "pack", str(archive), "--source", str(tree), "--with-ui",
+                       env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert result.returncode == 0, result.stderr
+    assert "with the web UI" in result.stdout and "npm run build" in result.stderr
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        index = tar.extractfile("llama.cpp/tools/ui/dist/index.html").read().decode()
+    assert "stand-in UI" in index, "the tree's stale dist must be replaced by the fresh build"
+    assert {"llama.cpp/tools/ui/dist/_app/bundle.js", "llama.cpp/tools/ui/src/app.html"} <= names
+    assert not any("node_modules" in n for n in names), "npm's work folders are never packed"
+    assert not (tree / "tools" / "ui" / "dist" / "_app").exists(), "the source tree is never written to"
+
+
+def test_vendor_pack_with_ui_without_npm_is_one_line(tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    result = run_pyllm("vendor", "pack", str(tmp_path / "src.tar.gz"), "--source", str(_tree_with_ui(tmp_path / "tree")),
+                       "--with-ui", env={"PATH": str(empty)})
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "npm" in result.stderr, result.stderr
+    assert not (tmp_path / "src.tar.gz").exists()
