@@ -110,6 +110,9 @@ function(pyllm_write_build_info path)
     endif()
   endif()
   pyllm_json_bool("${nccl}" j_nccl)
+  # The web UI llama-server serves at / (cmake/PyllmUi.cmake): in or not, and how / why not.
+  pyllm_json_bool("${PYLLM_UI_IN}" j_ui)
+  pyllm_json_optional("${PYLLM_UI_DETAIL}" j_ui_detail)
 
   file(WRITE "${path}.incomplete" "{
   \"version\": ${j_version},
@@ -126,6 +129,8 @@ function(pyllm_write_build_info path)
   \"cuda_host_compiler\": ${j_host_compiler},
   \"rpc\": ${j_rpc},
   \"nccl\": ${j_nccl},
+  \"ui\": ${j_ui},
+  \"ui_detail\": ${j_ui_detail},
   \"build_type\": ${j_build_type},
   \"cmake_version\": ${j_cmake},
   \"targets\": ${j_shipped},

@@ -227,8 +227,51 @@ def extract_tree(archive: Path, dest: Path, *, patches: list[Patch], marker: dic
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def pack(source: Path, out: Path, *, marker: dict) -> Path:
-    """Write a trimmed ``llama.cpp/`` tree from a tree or archive to ``out`` (tar.gz), atomically."""
+# The web UI's sources (SvelteKit) and where its built assets go: llama.cpp's scripts/ui-assets.cmake
+# embeds a tools/ui/dist it finds in the source tree as it is, with no npm (its first choice).
+UI_DIR = PurePosixPath("tools/ui")
+UI_DIST = UI_DIR / "dist"
+# npm's and SvelteKit's work folders inside tools/ui: never packed.
+UI_SCRATCH = frozenset({"node_modules", ".svelte-kit"})
+
+
+def build_ui(tree: Path, work: Path, *, log=None) -> Path:
+    """Build ``tree``'s web UI (tools/ui) with npm in a copy under ``work``; return the assets folder.
+
+    ``npm ci`` reads the npm registry (the user's npm settings apply); ``npm run build`` writes the
+    assets llama-server embeds. ``tree`` itself is never written to.
+    """
+    src = Path(tree) / UI_DIR
+    if not (src / "package.json").is_file():
+        raise SourceError(f"{src} does not exist: this llama.cpp tree has no web UI to build (tools/ui)")
+    npm = shutil.which("npm")
+    if npm is None:
+        raise SourceError("--with-ui builds the web UI with npm, which is not installed: install nodejs and npm "
+                          "(apt install nodejs npm), or pack without --with-ui")
+    stage = Path(work) / "ui"
+    shutil.copytree(src, stage, ignore=shutil.ignore_patterns(*UI_SCRATCH, "dist"))
+    dist = Path(work) / "ui-dist"
+    env = dict(os.environ, LLAMA_UI_OUT_DIR=str(dist), LLAMA_BUILD_NUMBER="0", LLAMA_UI_VERSION="b0")
+    for step in (["ci", "--no-audit", "--no-fund"], ["run", "build"]):
+        if log is not None:
+            log(f"web UI: npm {' '.join(step)} in {stage}")
+        result = subprocess.run([npm, *step], cwd=stage, env=env, capture_output=True, text=True)
+        if result.returncode != 0:
+            tail = " / ".join((result.stdout + result.stderr).strip().splitlines()[-3:])
+            raise SourceError(f"`npm {' '.join(step)}` for the web UI failed ({result.returncode}: {tail}): check "
+                              "that the npm registry is reachable (npm config get registry), or pack without --with-ui")
+    if not (dist / "index.html").is_file():
+        raise SourceError(f"npm run build wrote no index.html into {dist}: the web UI of this tree did not build")
+    return dist
+
+
+def pack(source: Path, out: Path, *, marker: dict, with_ui: bool = False, log=None) -> Path:
+    """Write a trimmed ``llama.cpp/`` tree from a tree or archive to ``out`` (tar.gz), atomically.
+
+    ``with_ui``: also build the tree's web UI with npm (:func:`build_ui`) and put the assets in as
+    ``tools/ui/dist``, which a build from the archive embeds without npm. Our patches are applied at
+    build time, after the UI was built; none of them touches tools/ui.
+    """
     source, out = Path(source), Path(out)
     if not out.name.endswith((".tar.gz", ".tgz")):
         raise SourceError(f"{out}: the archive name must end in .tar.gz")
@@ -240,18 +283,30 @@ def pack(source: Path, out: Path, *, marker: dict) -> Path:
                 raise SourceError(f"{tree} is not a llama.cpp source tree (no include/llama.h): pass the tree's root folder")
         else:
             tree = extract_tree(source, Path(work) / "llama.cpp", patches=[], marker=marker)
+        ui_dist = build_ui(tree, Path(work), log=log) if with_ui else None
         partial = out.with_name(out.name + ".incomplete")
 
         def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
             rel = PurePosixPath(info.name).relative_to("llama.cpp")
             if _is_trimmed(rel) or ".git" in rel.parts or rel.name == MARKER:
                 return None
+            if rel.parts[:2] == UI_DIR.parts and (
+                UI_SCRATCH.intersection(rel.parts[2:3]) or (ui_dist is not None and rel.parts[2:3] == ("dist",))
+            ):
+                return None  # npm's work folders; with_ui: the tree's own dist is replaced by the fresh build
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            return info
+
+        def keep_dist(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             return info
 
         with tarfile.open(partial, "w:gz") as tar:
             tar.add(tree, arcname="llama.cpp", filter=keep)
+            if ui_dist is not None:
+                tar.add(ui_dist, arcname=f"llama.cpp/{UI_DIST}", filter=keep_dist)
             data = (json.dumps(dict(marker, patches=[]), indent=2) + "\n").encode()
             info = tarfile.TarInfo(f"llama.cpp/{MARKER}")
             info.size = len(data)

@@ -27,6 +27,7 @@ def build_info_cmd(as_json: JsonFlag = False) -> None:
         ("patches", ", ".join(info["patches"]) or "none"),
         ("CUDA", f"{info['cuda_version']} for sm {archs}" if info["cuda"] else "no (CPU build)"),
         ("NCCL", "-" if not info["cuda"] else "yes" if info.get("nccl") else "no (--split-mode tensor falls back to a slower all-reduce)"),
+        ("web UI", "unknown (built before build info said)" if "ui" not in info else info.get("ui_detail") or ("yes" if info["ui"] else "no")),
         ("compiler", info["compiler"]),
         ("native dir", info["native_dir"]),
         ("llama-server", info["server_path"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -18,6 +19,10 @@ def vendor_pack(
     source: Annotated[
         Optional[Path], typer.Option(help="Pack this llama.cpp tree or archive instead of the pinned one.")
     ] = None,
+    with_ui: Annotated[
+        bool, typer.Option("--with-ui", help="Also build llama-server's web UI with npm (needs npm and its registry "
+                                             "here) and pack the assets: a build from the archive embeds them, no npm needed.")
+    ] = False,
 ) -> None:
     """Write the trimmed llama.cpp source as one .tar.gz, for builds with no package index.
 
@@ -30,14 +35,19 @@ def vendor_pack(
     if source is None:
         with _temporary_dir(output) as work:
             sdist = llama_source.download_sdist(pin, work)
-            written = llama_source.pack(sdist, output, marker=llama_source.pin_marker(pin))
+            written = llama_source.pack(sdist, output, marker=llama_source.pin_marker(pin), with_ui=with_ui, log=_say)
     else:
         if not source.exists():
             raise llama_source.SourceError(f"{source} does not exist: give a llama.cpp source tree or archive")
-        written = llama_source.pack(source, output, marker=llama_source.describe(source, pin))
+        written = llama_source.pack(source, output, marker=llama_source.describe(source, pin), with_ui=with_ui, log=_say)
     size = written.stat().st_size / 2**20
-    print(f"wrote {written} ({size:.1f} MiB)")
+    ui = ", with the web UI built (tools/ui/dist)" if with_ui else ""
+    print(f"wrote {written} ({size:.1f} MiB{ui})")
     print(f"build from it with: pip install -C cmake.define.PYLLM_LLAMA_CPP_SOURCE={written.resolve()} -r requirements.txt .")
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _temporary_dir(near: Path):
