@@ -202,3 +202,23 @@ def test_vendor_pack_with_ui_without_npm_is_one_line(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "npm" in result.stderr, result.stderr
     assert not (tmp_path / "src.tar.gz").exists()
+
+
+def test_serve_prints_the_web_ui_address_when_the_build_has_it(tiny_models, info) -> None:
+    """`pyllm serve` says where the UI is (and that it asks for the key) only when build-info says it is in."""
+    proc = subprocess.Popen([str(PYLLM), "serve", str(tiny_models["tiny-llama"]), "--port", "0", "--api-key", "k"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("  curl "):
+                break
+        ui = proc.stdout.readline() if info.get("ui") else ""
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    if info.get("ui"):
+        assert ui.startswith("  web UI: http://127.0.0.1:") and ui.rstrip().endswith("/  (it asks for the API key)"), ui
+    else:
+        assert not any("web UI" in line for line in lines)

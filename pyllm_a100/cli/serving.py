@@ -40,6 +40,10 @@ def _print_ready(url: str, served_name: str, api_key: str | None, key_file: str 
         auth = f" -H \"Authorization: Bearer $(cat {key_file})\""
     body = json.dumps({"model": served_name, "messages": [{"role": "user", "content": "Hello"}]})
     print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'")
+    from ..build.native import build_info
+
+    if build_info().get("ui"):
+        print(f"  web UI: {url}/" + ("  (it asks for the API key)" if key_file else ""))
     sys.stdout.flush()
 
 
