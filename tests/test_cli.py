@@ -103,4 +103,4 @@ def test_the_command_starts_without_numpy() -> None:
 def test_doctor_plan_without_a_model_names_both_gpus_forms() -> None:
     result = run_pyllm("doctor", "--gpus", "0-3")
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
-    assert "needs a MODEL" in result.stderr and "8x80" in result.stderr and "such as 0-3" in result.stderr
+    assert "needs a MODEL" in result.stderr and "8x80" in result.stderr and "such as 0-3" in result.stderr and "--gpus COUNTxGIB" in result.stderr

@@ -99,7 +99,7 @@ def _memory_plan(model: Optional[str], gpus: Optional[str], ctx_size: Optional[i
     from ..errors import InvalidArgument
 
     if model is None or gpus is None:
-        raise InvalidArgument("the memory plan needs a MODEL and --gpus (COUNTxGIB, or GPUs of this machine such as 0-3), "
+        raise InvalidArgument("the memory plan needs a MODEL and --gpus COUNTxGIB (or GPUs of this machine, such as 0-3), "
                               "e.g. pyllm doctor glm-5 --gpus 8x80 --ctx-size 131072 --parallel 4")
     plan = memory_plan(model, gpus, ctx_size, parallel, layers=layers, experts=experts, token=token)
     if as_json:
