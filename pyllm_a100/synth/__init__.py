@@ -50,8 +50,8 @@ llama-server picks the same chat format, tool-call markup and reasoning switch a
 model: ``deepseek4`` DeepSeek-V4-Flash-0731's (the V4-Flash release real V4-Flash GGUFs embed;
 DSML ``<｜DSML｜tool_calls>`` blocks, ``thinking``/``enable_thinking``), ``deepseek32``
 DeepSeek-V3.2's (DSML ``function_calls``), ``glm-dsa`` (GLM-5) GLM-4.7-Flash's. The pin ships no
-GLM-5 template; GLM-5's own (zai-org/GLM-5) is GLM-4.7's format unchanged as far as llama.cpp
-can tell: ``[gMASK]<sop>``, ``<|user|>``/``<|assistant|>``/``<|observation|>`` turns,
+GLM-5 template; GLM-5's own (zai-org/GLM-5; recalled, not re-read offline) keeps GLM-4.7's
+format, which is all llama.cpp reads from it: ``[gMASK]<sop>``, ``<|user|>``/``<|assistant|>``/``<|observation|>`` turns,
 ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>`` with no newlines,
 ``<think>`` opened by the generation prompt and ``enable_thinking: false`` closing it at once.
 GLM-4.6's template writes newlines between the tags and names no ``</think>`` for thinking off,
