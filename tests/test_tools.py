@@ -38,8 +38,8 @@ TOOLS = [WEATHER, TIME]
 MAX_CALL_TOKENS = 600
 
 # Switching thinking off, as each family's template reads it (README: Tool calls and reasoning).
-THINKING_OFF = {"tiny-deepseek4": {"thinking": False}, "tiny-glm-dsa": {"enable_thinking": False}}
-THINKING_ON = {"tiny-deepseek4": {"thinking": True}, "tiny-glm-dsa": {"enable_thinking": True}}
+THINKING_OFF = {"tiny-deepseek4": {"thinking": False}, "tiny-glm-dsa": {"enable_thinking": False},
+                "tiny-deepseek32": {"thinking": False}}
 
 
 def client(server) -> OpenAI:
@@ -91,19 +91,20 @@ def seed3_deepseek4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return synthesize("tiny-deepseek4", tmp_path_factory.mktemp("seed3") / "tiny-deepseek4-s3.gguf", seed=3).first
 
 
-def test_tool_choice_auto_is_always_answered_never_a_500(servers, tiny_deepseek4: Path, seed3_deepseek4: Path) -> None:
+def test_tool_choice_auto_is_always_answered_never_a_500(servers, tiny_models: dict[str, Path], seed3_deepseek4: Path) -> None:
     """Sampled noise often looks like broken markup; the reply is then the text as content, with a warning in the log."""
     rng = random.Random(24)
-    for model in (tiny_deepseek4, seed3_deepseek4):
+    switch = {tiny_models["tiny-deepseek4"]: "thinking", seed3_deepseek4: "thinking", tiny_models["tiny-glm-dsa"]: "enable_thinking"}
+    for model in (tiny_models["tiny-deepseek4"], seed3_deepseek4, tiny_models["tiny-glm-dsa"]):
         server = servers.start(model)  # --parallel 4 --kv-unified: the 2-tool V4 prompt is over 1024 tokens
         api = client(server)
         cases = [dict(seed=rng.randrange(2**31), max_tokens=rng.randint(1, 64), temperature=round(rng.uniform(0, 1.5), 2),
-                      stream=i % 2 == 1, thinking=i % 3 != 0, tools=TOOLS if i % 4 else [WEATHER]) for i in range(40)]
+                      stream=i % 2 == 1, thinking=i % 3 != 0, tools=TOOLS if i % 4 else [WEATHER]) for i in range(32)]
 
         def ask(case: dict) -> tuple[dict, str | None, int]:
             body = dict(model="m", messages=[{"role": "user", "content": "What is the weather in Paris?"}], tools=case["tools"],
                         tool_choice="auto", max_tokens=case["max_tokens"], temperature=case["temperature"], seed=case["seed"],
-                        extra_body={"chat_template_kwargs": {"thinking": case["thinking"]}})
+                        extra_body={"chat_template_kwargs": {switch[model]: case["thinking"]}})
             if case["stream"]:
                 reply, finish = assemble(api.chat.completions.create(**body, stream=True))
                 return reply, finish, -1
@@ -152,7 +153,7 @@ def test_output_that_does_not_parse_is_the_reply_with_a_warning(servers, tiny_de
     assert "returning the model's output as content" in server.log_text()
 
 
-@pytest.mark.parametrize("preset", ["tiny-deepseek4", "tiny-glm-dsa"])
+@pytest.mark.parametrize("preset", ["tiny-deepseek4", "tiny-glm-dsa", "tiny-deepseek32"])
 def test_required_and_named_function_give_a_call_that_parses(servers, tiny_models: dict[str, Path], preset: str) -> None:
     server = servers.start(tiny_models[preset], parallel=2)
     api = client(server)
