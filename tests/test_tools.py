@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -64,6 +65,16 @@ def assemble(stream) -> tuple[dict, str | None]:
                 call["arguments"] += tc.function.arguments or ""
         finish = choice.finish_reason or finish
     return {"content": content, "reasoning": reasoning, "tool_calls": [calls[i] for i in sorted(calls)]}, finish
+
+
+def wait_for_log(server, text: str, timeout: float = 10) -> bool:
+    """llama-server's log is written by a thread of its own: a line can land after the reply."""
+    deadline = time.monotonic() + timeout
+    while text not in server.log_text():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def check_call(name: str, arguments: str, tools: list[dict]) -> dict:
@@ -125,7 +136,7 @@ def test_tool_choice_auto_is_always_answered_never_a_500(servers, tiny_models: d
             if tokens > 0 and not reply["tool_calls"]:
                 assert reply["content"] or reply["reasoning"], (case, reply)
         if model == seed3_deepseek4:
-            assert "returning the model's output as content" in server.log_text(), "the report's model no longer " \
+            assert wait_for_log(server, "returning the model's output as content"), "the report's model no longer " \
                 "writes unparseable output: this test would not see the fallback"
 
 
@@ -150,7 +161,7 @@ def test_output_that_does_not_parse_is_the_reply_with_a_warning(servers, tiny_de
                  "tool_calls": msg.tool_calls or []}
     assert finish == "length" and not reply["tool_calls"]
     assert reply["content"] + reply["reasoning"] == "<think>" * 5, reply  # the first <think> opened the reasoning
-    assert "returning the model's output as content" in server.log_text()
+    assert wait_for_log(server, "returning the model's output as content")
 
 
 @pytest.mark.parametrize("preset", ["tiny-deepseek4", "tiny-glm-dsa", "tiny-deepseek32"])
