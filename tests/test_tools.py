@@ -172,7 +172,7 @@ def test_required_and_named_function_give_a_call_that_parses(servers, tiny_model
     choices = [("required", None), ({"type": "function", "function": {"name": "get_time"}}, "get_time"),
                ({"type": "function", "function": {"name": "get_weather"}}, "get_weather")]
     for tool_choice, named in choices:
-        for seed in (1, 2, 3):
+        for seed in (1, 2):  # 3 presets x 3 choices x 2 seeds x plain+streamed: ~3 min on a loaded 2-core box
             body = dict(model="m", messages=messages, tools=TOOLS, tool_choice=tool_choice, parallel_tool_calls=False, max_tokens=MAX_CALL_TOKENS, temperature=1.0,
                         seed=seed, extra_body={"chat_template_kwargs": THINKING_OFF[preset]})
             r = api.chat.completions.create(**body)
