@@ -44,6 +44,22 @@ distribution (block scales chosen for ``std``; quantized tensors have mean 0):
   the token-dependent part moves them a little;
 - hash-routing tables (I32) name ``n_expert_used`` distinct experts per token.
 
+Chat templates: each preset embeds the template its family's real GGUFs carry, taken from the
+pinned tree's ``models/templates/`` (installed into the native dir; ``writer.CHAT_TEMPLATES``), so
+llama-server picks the same chat format, tool-call markup and reasoning switch as for the real
+model: ``deepseek4`` DeepSeek-V4-Flash-0731's (the V4-Flash release real V4-Flash GGUFs embed;
+DSML ``<｜DSML｜tool_calls>`` blocks, ``thinking``/``enable_thinking``), ``deepseek32``
+DeepSeek-V3.2's (DSML ``function_calls``), ``glm-dsa`` (GLM-5) GLM-4.7-Flash's. The pin ships no
+GLM-5 template; GLM-5's own (zai-org/GLM-5; recalled, not re-read offline) keeps GLM-4.7's
+format, which is all llama.cpp reads from it: ``[gMASK]<sop>``, ``<|user|>``/``<|assistant|>``/``<|observation|>`` turns,
+``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>`` with no newlines,
+``<think>`` opened by the generation prompt and ``enable_thinking: false`` closing it at once.
+GLM-4.6's template writes newlines between the tags and names no ``</think>`` for thinking off,
+so it is the further one. Drafts take their target family's template; presets with no chat model
+of their own (``tiny-llama``, ``tiny-mamba``, which use DeepSeek's vocabulary) keep
+DeepSeek-V4's. The vocabulary stays DeepSeek's for every preset: GLM's markers are plain text to
+it, which changes nothing a template or a grammar relies on.
+
 Other planners (architectures added in other modules) build a :class:`Plan` with
 :meth:`Plan.tensor` and these initializers; :func:`draw` is the one place values are
 generated.

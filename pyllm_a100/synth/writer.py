@@ -22,7 +22,17 @@ from .presets import plan, preset
 from .tensors import WEIGHT_TYPES, _file_type, draw, tensor_nbytes, typed_tensors
 
 
+# The chat template a preset embeds, by family (drafts by the family they extend), as the real
+# GGUFs of that family carry it: files of the pinned tree's models/templates/ that CMakeLists.txt
+# installs into the native dir (PYLLM_TEMPLATES). Families with no chat model of their own
+# (tiny-llama, tiny-mamba: DeepSeek's vocabulary) keep DeepSeek-V4's. Why GLM-4.7-Flash's for
+# GLM-5: see the package docstring.
 CHAT_TEMPLATE = "deepseek-ai-DeepSeek-V4.jinja"
+CHAT_TEMPLATES = {
+    "deepseek4": "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
+    "deepseek32": "deepseek-ai-DeepSeek-V3.2.jinja",
+    "glm-dsa": "GLM-4.7-Flash.jinja",
+}
 
 # --- writing ------------------------------------------------------------------------------
 
@@ -62,10 +72,18 @@ def parse_size(text: str | int | None) -> int:
     return int(float(match[1]) * 1024 ** " KMGT".index(match[2].upper() or " "))
 
 
-def _chat_template() -> str | None:
+def chat_template_name(family: str) -> str:
+    """The template file a preset of ``family`` embeds (``deepseek4-mtp`` is ``deepseek4``'s)."""
+    for prefix, name in CHAT_TEMPLATES.items():
+        if family == prefix or family.startswith(prefix + "-"):
+            return name
+    return CHAT_TEMPLATE
+
+
+def _chat_template(family: str) -> str | None:
     from ..build.native import native_dir
 
-    path = native_dir() / "templates" / CHAT_TEMPLATE
+    path = native_dir() / "templates" / chat_template_name(family)
     return path.read_text() if path.is_file() else None
 
 
@@ -197,7 +215,7 @@ def synthesize(
         writer.add_pad_token_id(vocab.pad_id)
         writer.add_add_bos_token(True)
         writer.add_add_eos_token(False)
-        template = _chat_template()
+        template = _chat_template(p.family)
         if template:
             writer.add_chat_template(template)
         for t in the_plan.tensors:
