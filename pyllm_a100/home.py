@@ -84,30 +84,12 @@ def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
 
 
 def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # threads of one supervisor too
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n", mode)
 
 
 def write_secret(path: Path, text: str) -> Path:
-    """A file only its owner can read (mode 0600 from creation, not chmod afterwards)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
-    os.replace(tmp, path)
+    """A file only its owner can read (mode 0600 from creation, not chmod afterwards), replaced atomically."""
+    write_text_atomic(path, text + "\n", PRIVATE_FILE)
     return path
 
 
