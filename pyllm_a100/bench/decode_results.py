@@ -69,10 +69,34 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             op_rows.setdefault(op, {})[label] = {"passed": v["ok"], "failed": v["fail"]}
     steps = (raw.get("build") or {}).get("steps", [])
     patches = raw.get("patches") or [name for s in steps for name in s.get("patches", [])]
-    return {"gpu": raw.get("gpu"), "patches": patches, "build_seconds": [s.get("seconds") for s in
-            steps], "rows": rows, "kernels": kernels, "test_backend_ops": op_rows,
-            "command": "scripts/gpu-decode --src .carry/llama.cpp-src.tar.gz build models bench ncu ops  (GPU machine; "
-                       "then scripts/gpu-decode report; docs/gpu-report.md, Decode path)"}
+    out = {"gpu": raw.get("gpu"), "patches": patches, "build_seconds": [s.get("seconds") for s in
+           steps], "rows": rows, "kernels": kernels, "test_backend_ops": op_rows,
+           "command": "scripts/gpu-decode --src .carry/llama.cpp-src.tar.gz build models bench ncu ops  (GPU machine; "
+                      "then scripts/gpu-decode report; docs/gpu-report.md, Decode path)"}
+    if raw.get("tokens"):
+        cases = raw["tokens"].get("summary") or {}
+        out["greedy_tokens"] = {"all_equal_to_pin": raw["tokens"].get("all_equal"), "cases": len(cases),
+                                "differing": sorted(k for k, v in cases.items() if not v["equal_to_pin"])}
+    if raw.get("concurrency"):
+        out["concurrency"] = _concurrency(raw["concurrency"])
+    if raw.get("earlier_runs"):
+        out["earlier_runs"] = [{k: v for k, v in summarize(e).items() if k in ("patches", "rows", "kernels", "test_backend_ops")}
+                               for e in raw["earlier_runs"]]
+    return out
+
+
+def _concurrency(conc: dict[str, Any]) -> dict[str, Any]:
+    """scripts/gpu-concurrency's runs (pin, patched, patched, pin) -> per level: each run's aggregate tokens/s and the ratio of means."""
+    levels: dict[int, dict[str, list[float]]] = {}
+    for run in conc.get("runs", []):
+        for lv in (run.get("result") or {}).get("levels", []):
+            levels.setdefault(lv["concurrency"], {}).setdefault(run["build"], []).append(round(lv["aggregate_tps"], 1))
+    rows = []
+    for n, by in sorted(levels.items()):
+        pin, patched = by.get("pin") or [], by.get("patched") or []
+        ratio = round((sum(patched) / len(patched)) / (sum(pin) / len(pin)), 3) if pin and patched else None
+        rows.append({"streams": n, "pin_tps": pin, "patched_tps": patched, "ratio_of_means": ratio})
+    return {"model": conc.get("model"), "rows": rows}
 
 
 def section(summary: dict[str, Any] | None) -> str:
@@ -114,5 +138,28 @@ build in the same run, two interleaved rounds; {summary['gpu']}. Patches: {', '.
         for op, v in ops.items():
             cell = lambda x: f"{x['passed']} passed, {x['failed']} failed" if x else "-"  # noqa: E731
             out.append(f"| {op} | {cell(v.get('pin'))} | {cell(v.get('patched'))} |")
+    if summary.get("greedy_tokens"):
+        g = summary["greedy_tokens"]
+        out.append(f"\nGreedy tokens (scripts/gpu-token-check: tiny and 4-layer V4, 8- and 300-token prompts, 48 tokens, -ub 64): "
+                   f"{'every build equal to the pin' if g['all_equal_to_pin'] else 'differ: ' + ', '.join(g['differing'])} "
+                   f"({g['cases']} cases).")
+    if summary.get("concurrency"):
+        c = summary["concurrency"]
+        out += [f"\nAggregate decode under concurrency ({c['model']}, scripts/gpu-concurrency: `pyllm bench --url` against each "
+                "build's llama-server -np 32, 256-token prompts, 64 tokens, runs in the order pin, patched, patched, pin):\n",
+                "| streams | pin tok/s (2 runs) | patched tok/s (2 runs) | ratio of means |", "| ---: | --- | --- | ---: |"]
+        out += [f"| {r['streams']} | {', '.join(map(str, r['pin_tps']))} | {', '.join(map(str, r['patched_tps']))} | {r['ratio_of_means']} |"
+                for r in c["rows"]]
+    for e in summary.get("earlier_runs", []):
+        out += [f"\nAn earlier run (patches up to {e['patches'][-1][:4]}, each level its own build), decode tokens/s:\n",
+                "| build | 43 layers | 4 layers |", "| --- | ---: | ---: |"]
+        big = next((r for r in e["rows"] if r["layers"] == 43), {"levels": {}})
+        small = next((r for r in e["rows"] if r["layers"] == 4), {"levels": {}})
+        out += [f"| {c} | {v['decode_tps']} | {small['levels'].get(c, {}).get('decode_tps', '-')} |" for c, v in big["levels"].items()]
+        ops = e.get("test_backend_ops") or {}
+        if ops:
+            out.append("\ntest-backend-ops in that run (pin / patched): " + "; ".join(
+                f"{op} {v.get('pin', {}).get('passed', '-')}/{v.get('patched', {}).get('passed', '-')} passed, "
+                f"{v.get('patched', {}).get('failed', 0)} failed" for op, v in ops.items()) + ".")
     out.append(f"\nReproduce: `{summary['command']}`.\n")
     return "\n".join(out)
