@@ -39,10 +39,10 @@ def test_shipped_files_live_in_the_package_and_find_each_other(native_dir: Path)
     import pyllm_a100
 
     assert native_dir.parent == Path(pyllm_a100.__file__).resolve().parent
-    for name in ("llama-server", "rpc-server", "llama-bench", "libllama.so", "libggml.so", "libggml-base.so",
+    for name in ("llama-server", "rpc-server", "llama-bench", "llama-perplexity", "llama-quantize", "libllama.so", "libggml.so", "libggml-base.so",
                  "libggml-cpu.so", "libggml-rpc.so", "build_info.json"):
         assert (native_dir / name).is_file(), name
-    for binary in ("llama-server", "rpc-server", "llama-bench", "libllama.so"):
+    for binary in ("llama-server", "rpc-server", "llama-bench", "llama-perplexity", "llama-quantize", "libllama.so"):
         dynamic = subprocess.run(["readelf", "-d", str(native_dir / binary)], capture_output=True, text=True).stdout
         assert "$ORIGIN" in dynamic, f"{binary} has no $ORIGIN run path"
         env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}

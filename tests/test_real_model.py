@@ -169,3 +169,45 @@ def test_embeddings_endpoint_when_served_with_embeddings_on(servers, smollm2: Pa
     assert np.abs(vectors - local).max() < 1e-5, "server and in-process embeddings of the same text agree"
     cats, unrelated = vectors[0] @ vectors[1], vectors[0] @ vectors[2]
     assert cats > unrelated + 0.05, f"two sentences about a cat are closer ({cats:.3f}) than a cat and the stock market ({unrelated:.3f})"
+
+
+# Prompts whose greedy answers hold characters that SmolLM2's byte-level vocabulary splits over several tokens.
+def utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+SPLIT_UTF8 = ["Translate to Chinese: Good morning, my friend.", "Reply with three emoji that mean happy."]
+
+
+def test_token_probabilities_have_one_entry_per_generated_token(servers, smollm2: Path) -> None:
+    """n_probs (/completion) and logprobs (/v1/chat/completions), streamed and not: one entry per token, also for
+    tokens that end inside a multi-byte character (the pin dropped those: vendor/patches/0015)."""
+    server = servers.start(smollm2, ctx_size=2048)
+    split_seen = False
+    for content in SPLIT_UTF8:
+        body = {"prompt": f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n", "n_predict": 24,
+                "temperature": 0, "n_probs": 2, "return_tokens": True}
+        reply = httpx.post(server.base_url + "/completion", timeout=120, json=body).json()
+        assert len(reply["completion_probabilities"]) == len(reply["tokens"]) == reply["tokens_predicted"], content
+        assert "".join(e["token"] for e in reply["completion_probabilities"]) == reply["content"]
+        split_seen |= any(not utf8(bytes(e["top_logprobs"][0]["bytes"])) for e in reply["completion_probabilities"])
+        with httpx.stream("POST", server.base_url + "/completion", timeout=120, json={**body, "stream": True}) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+        streamed = [e for c in chunks for e in c.get("completion_probabilities", [])]
+        assert len(streamed) == reply["tokens_predicted"], content
+
+        chat_kwargs = dict(max_tokens=24, logprobs=True, top_logprobs=2)
+        whole = chat(server, content, **chat_kwargs)
+        assert len(whole.choices[0].logprobs.content) == whole.usage.completion_tokens, content
+        stream = chat(server, content, stream=True, stream_options={"include_usage": True}, **chat_kwargs)
+        entries, usage = [], None
+        for chunk in stream:
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                entries += (choice.logprobs.content or []) if choice.logprobs else []
+        assert usage is not None and len(entries) == usage.completion_tokens, content
+    assert split_seen, "no answer held a character split over tokens: the prompts no longer test the case"

@@ -60,7 +60,7 @@ cp = L.llama_context_default_params()
 n = len(job["tokens"])
 cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 512, 512, 512, 2, 2
 cp.type_k = cp.type_v = 0 if job["kv_f32"] else 1  # GGML_TYPE_F32 / F16
-cp.flash_attn_type = 0  # off, as gpu-check's in-process comparison (the CPU's flash attention rounds K/V to F16 either way)
+cp.flash_attn_type = 0  # off: per-node activations of the plain attention path (the CPU's flash attention rounds K/V to F16 either way)
 cp.cb_eval, cp.cb_eval_user_data = callback, None
 ctx = L.llama_init_from_model(model, cp)
 vocab = L.llama_model_get_vocab(model)

@@ -21,7 +21,7 @@ from pyllm_a100 import Llama
 job = json.loads(sys.argv[1])
 t0 = time.monotonic()
 llm = Llama(job["model"], n_ctx=512, n_gpu_layers=job["n_gpu_layers"], tensor_split=job.get("split"),
-            logits_all=bool(job.get("teacher")), verbose=job.get("verbose", False), flash_attn=bool(job.get("flash_attn")),
+            logits_all=bool(job.get("teacher")), verbose=job.get("verbose", False),  # flash_attn etc.: served defaults
             **(dict(type_k=0, type_v=0) if job.get("kv_f32") else {}))  # 0 = GGML_TYPE_F32
 load = time.monotonic() - t0
 import numpy as np
@@ -49,15 +49,15 @@ print(json.dumps({"load_seconds": load, "tokens": tokens, "prompt": prompt, "mem
 
 def in_process(model: Path, gpu: bool, logits_path: Path | None = None, split: str | None = None,
                prompt: list[int] | None = None, teacher: list[int] | None = None, kv_f32: bool = False,
-               n_predict: int = 16, flash_attn: bool = False) -> dict:
-    """Llama in a fresh process (CUDA reads CUDA_VISIBLE_DEVICES once): its greedy tokens, and with
+               n_predict: int = 16) -> dict:
+    """Llama in a fresh process (CUDA reads CUDA_VISIBLE_DEVICES once) with the defaults llama-server starts from
+    (flash attention auto, n_batch 2048: pyllm_a100.Llama's own), as the served side: its greedy tokens, and with
     ``teacher`` the logits predicting each of those reference tokens."""
     env = dict(os.environ)
     if not gpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     job = {"model": str(model), "n_gpu_layers": 999 if gpu else 0, "split": split, "logits": str(logits_path),
-           "prompt": prompt, "teacher": teacher, "kv_f32": kv_f32, "n_predict": n_predict,
-           "flash_attn": flash_attn}
+           "prompt": prompt, "teacher": teacher, "kv_f32": kv_f32, "n_predict": n_predict}
     out = subprocess.run([sys.executable, "-c", COMPARE, json.dumps(job)], capture_output=True, text=True, env=env,
                          timeout=900, cwd="/tmp")  # not the checkout: its pyllm_a100/ has no build
     (LOGS / f"{Path(model).stem}-{'gpu' if gpu else 'cpu'}{'-' + split if split else ''}{'-kv-f32' if kv_f32 else ''}-in-process.log").write_text(out.stderr)
@@ -126,8 +126,7 @@ def compare_preset(preset: str, models: Path) -> dict:
     return result
 
 
-def compare(model: Path, models: Path, prompt: list[int], kv_f32: bool = False, n_predict: int = 16,
-            flash_attn: bool = False) -> dict:
+def compare(model: Path, models: Path, prompt: list[int], kv_f32: bool = False, n_predict: int = 16) -> dict:
     """Server GPU vs CPU first (llama-server), then in-process with the CPU server's tokens as teacher."""
     gpu_served = served_tokens(model, True, prompt, kv_f32=kv_f32, n_predict=n_predict)
     cpu_served = served_tokens(model, False, prompt, kv_f32=kv_f32, n_predict=n_predict)
@@ -138,10 +137,8 @@ def compare(model: Path, models: Path, prompt: list[int], kv_f32: bool = False, 
     stem = model.stem + ("-kv-f32" if kv_f32 else "")
     cpu_logits, gpu_logits = models / f"{stem}-cpu.npy", models / f"{stem}-gpu.npy"
     try:
-        cpu_local = in_process(model, False, cpu_logits, prompt=prompt, teacher=teacher, kv_f32=kv_f32, n_predict=n_predict,
-                               flash_attn=flash_attn)
-        gpu_local = in_process(model, True, gpu_logits, prompt=prompt, teacher=teacher, kv_f32=kv_f32, n_predict=n_predict,
-                               flash_attn=flash_attn)
+        cpu_local = in_process(model, False, cpu_logits, prompt=prompt, teacher=teacher, kv_f32=kv_f32, n_predict=n_predict)
+        gpu_local = in_process(model, True, gpu_logits, prompt=prompt, teacher=teacher, kv_f32=kv_f32, n_predict=n_predict)
         result.update(in_process_tokens_equal=gpu_local["tokens"] == cpu_local["tokens"],
                       in_process_gpu_tokens=gpu_local["tokens"],
                       server_equals_in_process_gpu=gpu_served["tokens"] == gpu_local["tokens"],
@@ -182,8 +179,7 @@ def real_model(model: Path, models: Path) -> dict:
                         "sha256": hashlib.sha256(model.read_bytes()).hexdigest(), "prompt": REAL_PROMPT,
                         "prompt_tokens": len(prompt), "n_predict": 64,
                         "gpu_side_on_gpu": bool(build_info().get("cuda") and visible_gpus()),
-                        # flash attention in-process as llama-server turns it on by itself: server = in-process too
-                        **compare(model, models, prompt, n_predict=64, flash_attn=True)}
+                        **compare(model, models, prompt, n_predict=64)}
         for side in ("cpu", "gpu"):
             result[f"{side}_text"] = httpx.post(srv.base_url + "/detokenize", timeout=60,
                                                 json={"tokens": result[f"{side}_tokens"]}).json()["content"]

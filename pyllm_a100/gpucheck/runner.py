@@ -57,7 +57,7 @@ def gpu_memory() -> list[dict]:
 
 
 
-STEPS = ("cuobjdump", "jit", "compare", "real-model", "diagnostics", "row-split", "two-gpu", "two-gpu-in-process",
+STEPS = ("cuobjdump", "jit", "compare", "real-model", "kld", "diagnostics", "row-split", "two-gpu", "two-gpu-in-process",
          "doctor", "archs", "soak", "soak-v4", "glm5", "soak-glm5", "drafts", "memory-plan", "nvfp4")
 
 
