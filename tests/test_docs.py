@@ -21,6 +21,24 @@ def test_readme_compatibility_table_is_the_rendered_one() -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_tool_column_and_thinking_table_come_from_the_chat_formats(tmp_path: Path) -> None:
+    """Each family's row names the markup and thinking switch of pyllm_a100/synth/chat.py; the README's thinking
+    table (checked by --check above) is rendered from the same entries."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chat_formats", REPO / "pyllm_a100" / "synth" / "chat.py")
+    chat = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = chat
+    spec.loader.exec_module(chat)
+    rows = render("--print", "--results", str(tmp_path)).stdout.splitlines()
+    for arch, fmt in chat.CHAT_FORMATS.items():
+        (row,) = [line for line in rows if f"| `{arch}` |" in line]
+        assert row.rstrip(" |").endswith(f"{fmt.tool_calls} ({fmt.parser}); thinking off: `chat_template_kwargs` {fmt.switches()}")
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("<!-- thinking-table -->")[1].split("<!-- /thinking-table -->")[0]
+    assert all(f"`{fmt.template}`" in table and fmt.switches() in table for fmt in chat.CHAT_FORMATS.values())
+
+
 def test_status_follows_the_results(tmp_path: Path) -> None:
     """A preset that fails on the GPU is 'verified on CPU only'; passing in a later run moves it to 'verified on GPU'."""
     def run(started: str, **outcome) -> dict:

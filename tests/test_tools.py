@@ -19,6 +19,8 @@ import pytest
 from openai import OpenAI
 
 from pyllm_a100.synth import synthesize
+from pyllm_a100.synth.chat import CHAT_FORMATS, chat_format
+from pyllm_a100.synth.presets import preset
 
 # Random weights: a string with no bound is text until the closing tag, which such a model rarely
 # writes; enum, maxLength and integers are what the grammar can hold to (patch 0009 keeps them).
@@ -38,9 +40,9 @@ TOOLS = [WEATHER, TIME]
 # One call per reply (parallel_tool_calls=False): random weights would add calls up to max_tokens.
 MAX_CALL_TOKENS = 600
 
-# Switching thinking off, as each family's template reads it (README: Tool calls and reasoning).
-THINKING_OFF = {"tiny-deepseek4": {"thinking": False}, "tiny-glm-dsa": {"enable_thinking": False},
-                "tiny-deepseek32": {"thinking": False}}
+# Switching thinking off, as each family's template reads it (synth/chat.py; README: Tool calls and reasoning;
+# test_thinking_switches_are_the_templates_own checks them against the templates).
+THINKING_OFF = {p: chat_format(preset(p).family).thinking(False) for p in ("tiny-deepseek4", "tiny-glm-dsa", "tiny-deepseek32")}
 
 
 def client(server) -> OpenAI:
@@ -105,7 +107,9 @@ def seed3_deepseek4(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_tool_choice_auto_is_always_answered_never_a_500(servers, tiny_models: dict[str, Path], seed3_deepseek4: Path) -> None:
     """Sampled noise often looks like broken markup; the reply is then the text as content, with a warning in the log."""
     rng = random.Random(24)
-    switch = {tiny_models["tiny-deepseek4"]: "thinking", seed3_deepseek4: "thinking", tiny_models["tiny-glm-dsa"]: "enable_thinking"}
+    key = {p: chat_format(preset(p).family).thinking_key for p in ("tiny-deepseek4", "tiny-glm-dsa")}
+    switch = {tiny_models["tiny-deepseek4"]: key["tiny-deepseek4"], seed3_deepseek4: key["tiny-deepseek4"],
+              tiny_models["tiny-glm-dsa"]: key["tiny-glm-dsa"]}
     for model in (tiny_models["tiny-deepseek4"], seed3_deepseek4, tiny_models["tiny-glm-dsa"]):
         server = servers.start(model)  # --parallel 4 --kv-unified: the 2-tool V4 prompt is over 1024 tokens
         api = client(server)
@@ -238,20 +242,23 @@ def test_agent_loop_call_result_next_turn(servers, tiny_models: dict[str, Path],
 
 
 CASES = sorted((Path(__file__).parent / "data" / "chat-outputs").glob("*.json"))
-TREE = Path(__file__).resolve().parents[1] / "vendor" / "llama.cpp"
+REPO = Path(__file__).resolve().parents[1]
+TREE = REPO / "vendor" / "llama.cpp"
 
 
 @pytest.fixture(scope="module")
-def chat_parse_check(native_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def chat_parse_check(native_dir: Path, info: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """scripts/chat-parse-check.cpp built against the installed libllama-common (the pin's chat code, our patches)."""
     import shutil
     import subprocess
 
-    if shutil.which("g++") is None or not (TREE / "common" / "chat.h").is_file():
-        pytest.skip("needs g++ and the extracted tree at vendor/llama.cpp (a build from this checkout)")
+    # the tree the installed build was compiled from (an archive build on the GPU machine), else vendor/llama.cpp
+    tree = next((t for t in (Path(info.get("source_tree") or "/nonexistent"), TREE) if (t / "common" / "chat.h").is_file()), None)
+    if shutil.which("g++") is None or tree is None:
+        pytest.skip("needs g++ and the llama.cpp tree the build used (build-info source_tree, or vendor/llama.cpp)")
     exe = tmp_path_factory.mktemp("chat-check") / "chat-parse-check"
-    include = [f"-I{TREE / d}" for d in ("common", "include", "ggml/include", "vendor")]
-    subprocess.run(["g++", "-O1", "-std=c++17", *include, "-o", str(exe), str(TREE.parents[1] / "scripts" / "chat-parse-check.cpp"),
+    include = [f"-I{tree / d}" for d in ("common", "include", "ggml/include", "vendor")]
+    subprocess.run(["g++", "-O1", "-std=c++17", *include, "-o", str(exe), str(REPO / "scripts" / "chat-parse-check.cpp"),
                     f"-L{native_dir}", "-lllama-common", "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{native_dir}"],
                    check=True, capture_output=True, timeout=300)
     return exe
@@ -260,7 +267,8 @@ def chat_parse_check(native_dir: Path, tmp_path_factory: pytest.TempPathFactory)
 @pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
 def test_outputs_parse_through_the_pins_chat_code(chat_parse_check: Path, native_dir: Path, case: Path, tmp_path: Path) -> None:
     """Each family's markup, as the real models write it, parsed by the pin's own common_chat_parse with the
-    template the synthetic presets embed (from the native dir, as pyllm synth reads it)."""
+    template the synthetic presets embed (from the native dir, as pyllm synth reads it). Cases with a "source"
+    are other parsers' test outputs (vLLM's deepseek_v4 and glm47), with what those parsers return."""
     import subprocess
 
     data = json.loads(case.read_text())
@@ -269,7 +277,8 @@ def test_outputs_parse_through_the_pins_chat_code(chat_parse_check: Path, native
     run = subprocess.run([str(chat_parse_check), str(native_dir / "templates" / data["template"]), str(tmp_path / "request.json"),
                           str(tmp_path / "output.txt")], capture_output=True, text=True, timeout=60)
     got = json.loads(run.stdout)
-    expect = data["expect"]
+    # "expect" is what the case's source parser returns; "pin" (with its "note") what the pin does where it differs
+    expect = data.get("pin", data["expect"])
     if expect.get("error"):
         assert run.returncode == 1 and "does not match" in got["error"]
         return
@@ -279,3 +288,29 @@ def test_outputs_parse_through_the_pins_chat_code(chat_parse_check: Path, native
     assert (msg.get("reasoning_content") or "") == expect.get("reasoning_content", "")
     calls = [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])} for c in msg.get("tool_calls", [])]
     assert calls == expect["tool_calls"]
+
+
+@pytest.mark.parametrize("family", sorted(CHAT_FORMATS))
+def test_thinking_switches_are_the_templates_own(chat_parse_check: Path, native_dir: Path, family: str, tmp_path: Path) -> None:
+    """synth/chat.py's switches (the README's thinking table, the compat column) against each template, as the pin
+    renders it: the generation prompt opens reasoning by default and with the switch on, closes it with the switch
+    off, and with the fallback key alone where chat.py names one."""
+    import subprocess
+
+    fmt = CHAT_FORMATS[family]
+    (tmp_path / "output.txt").write_text("")
+
+    def prompt(kwargs: dict) -> str:
+        (tmp_path / "request.json").write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}],
+                                                           "chat_template_kwargs": kwargs}))
+        run = subprocess.run([str(chat_parse_check), str(native_dir / "templates" / fmt.template), str(tmp_path / "request.json"),
+                              str(tmp_path / "output.txt")], capture_output=True, text=True, timeout=60)
+        return json.loads(run.stdout)["generation_prompt"]
+
+    assert prompt({}).endswith("<think>") and prompt(fmt.thinking(True)).endswith("<think>")
+    assert prompt(fmt.thinking(False)).endswith("</think>")
+    if fmt.thinking_fallback:
+        assert prompt({fmt.thinking_fallback: False}).endswith("</think>")
+    wrong = "thinking" if fmt.thinking_key == "enable_thinking" and not fmt.thinking_fallback else None
+    if wrong:  # a key the template does not read leaves thinking on
+        assert prompt({wrong: False}).endswith("<think>")

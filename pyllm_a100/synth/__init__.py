@@ -45,8 +45,8 @@ distribution (block scales chosen for ``std``; quantized tensors have mean 0):
 - hash-routing tables (I32) name ``n_expert_used`` distinct experts per token.
 
 Chat templates: each preset embeds the template its family's real GGUFs carry, taken from the
-pinned tree's ``models/templates/`` (installed into the native dir; ``writer.CHAT_TEMPLATES``), so
-llama-server picks the same chat format, tool-call markup and reasoning switch as for the real
+pinned tree's ``models/templates/`` (installed into the native dir; ``chat.CHAT_FORMATS``, which
+also names each one's tool-call markup and thinking switch), so llama-server picks the same chat format, tool-call markup and reasoning switch as for the real
 model: ``deepseek4`` DeepSeek-V4-Flash-0731's (the V4-Flash release real V4-Flash GGUFs embed;
 DSML ``<｜DSML｜tool_calls>`` blocks, ``thinking``/``enable_thinking``), ``deepseek32``
 DeepSeek-V3.2's (DSML ``function_calls``), ``glm-dsa`` (GLM-5) GLM-4.7-Flash's. The pin ships no
@@ -64,10 +64,11 @@ Other planners (architectures added in other modules) build a :class:`Plan` with
 :meth:`Plan.tensor` and these initializers; :func:`draw` is the one place values are
 generated.
 
-The package: ``plan`` (Init, TensorSpec, Plan: the shared pieces), ``layouts`` (the transformer
-architectures), ``recurrent`` (Mamba), ``drafts`` (DSpark/MTP draft layouts), ``presets`` (named
-dimensions and the plan of a preset), ``tensors`` (weight types and random bytes), ``vocab`` (the
-tokenizer) and ``writer`` (GGUF files on disk). Each imports only the ones before it.
+The package: ``chat`` (each family's template: tool-call markup, thinking switch), ``plan``
+(Init, TensorSpec, Plan: the shared pieces), ``layouts`` (the transformer architectures),
+``recurrent`` (Mamba), ``drafts`` (DSpark/MTP draft layouts), ``presets`` (named dimensions and
+the plan of a preset), ``tensors`` (weight types and random bytes), ``vocab`` (the tokenizer) and
+``writer`` (GGUF files on disk). Each imports only the ones before it.
 """
 
 from __future__ import annotations

@@ -16,23 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from .chat import chat_template_name
 from .vocab import PRE_TOKENIZER, build_vocab
 from .plan import SynthError
 from .presets import plan, preset
 from .tensors import WEIGHT_TYPES, _file_type, draw, tensor_nbytes, typed_tensors
-
-
-# The chat template a preset embeds, by family (drafts by the family they extend), as the real
-# GGUFs of that family carry it: files of the pinned tree's models/templates/ that CMakeLists.txt
-# installs into the native dir (PYLLM_TEMPLATES). Families with no chat model of their own
-# (tiny-llama, tiny-mamba: DeepSeek's vocabulary) keep DeepSeek-V4's. Why GLM-4.7-Flash's for
-# GLM-5: see the package docstring.
-CHAT_TEMPLATE = "deepseek-ai-DeepSeek-V4.jinja"
-CHAT_TEMPLATES = {
-    "deepseek4": "deepseek-ai-DeepSeek-V4-Flash-0731.jinja",
-    "deepseek32": "deepseek-ai-DeepSeek-V3.2.jinja",
-    "glm-dsa": "GLM-4.7-Flash.jinja",
-}
 
 # --- writing ------------------------------------------------------------------------------
 
@@ -70,14 +58,6 @@ def parse_size(text: str | int | None) -> int:
     if match is None or float(match[1]) <= 0:
         raise SynthError(f"--split-max-size {text}: not a positive size; use e.g. 500M, 2G or a number of bytes")
     return int(float(match[1]) * 1024 ** " KMGT".index(match[2].upper() or " "))
-
-
-def chat_template_name(family: str) -> str:
-    """The template file a preset of ``family`` embeds (``deepseek4-mtp`` is ``deepseek4``'s)."""
-    for prefix, name in CHAT_TEMPLATES.items():
-        if family == prefix or family.startswith(prefix + "-"):
-            return name
-    return CHAT_TEMPLATE
 
 
 def _chat_template(family: str) -> str | None:
