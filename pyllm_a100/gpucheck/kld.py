@@ -21,7 +21,6 @@ from pathlib import Path
 CORPUS = Path(__file__).with_name("kld-corpus.txt")  # our own prose, ~3200 SmolLM2 tokens
 CTX = 512
 
-# The figures compared, each with the name of its standard error in llama-perplexity's output (None: none printed).
 # The figures compared: the name of each one's standard error in llama-perplexity's output (None: none printed),
 # and its value for a model identical to the base (the distance from it is the quantization's effect).
 FIGURES = {"kld_mean": ("kld_mean_err", 0.0), "kld_99_9": (None, 0.0), "kld_99": (None, 0.0),
