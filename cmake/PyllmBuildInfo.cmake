@@ -101,6 +101,23 @@ function(pyllm_write_build_info path)
     endforeach()
     pyllm_json_list(j_sm_tensor_refused ${sm_refused})
   endif()
+  # The RPC protocol rpc-server speaks (ggml-rpc.h): workers must match it exactly, since a new op (patch 0013) changes
+  # what a graph may hold without changing the major version. null: no such header.
+  set(j_rpc_protocol "null")
+  if(EXISTS "${PYLLM_SRC_TREE}/ggml/include/ggml-rpc.h")
+    file(READ "${PYLLM_SRC_TREE}/ggml/include/ggml-rpc.h" rpc_h)
+    set(rpc_parts "")
+    foreach(part MAJOR MINOR PATCH)
+      if(rpc_h MATCHES "#define RPC_PROTO_${part}_VERSION +([0-9]+)")
+        list(APPEND rpc_parts "${CMAKE_MATCH_1}")
+      endif()
+    endforeach()
+    list(LENGTH rpc_parts n_rpc_parts)
+    if(n_rpc_parts EQUAL 3)
+      list(JOIN rpc_parts "." rpc_version)
+      set(j_rpc_protocol "\"${rpc_version}\"")
+    endif()
+  endif()
   # NCCL: --split-mode tensor's all-reduce between GPUs (without it ggml falls back to a slower copy).
   set(nccl OFF)
   if(TARGET ggml-cuda)
@@ -128,6 +145,7 @@ function(pyllm_write_build_info path)
   \"compiler\": ${j_compiler},
   \"cuda_host_compiler\": ${j_host_compiler},
   \"rpc\": ${j_rpc},
+  \"rpc_protocol\": ${j_rpc_protocol},
   \"nccl\": ${j_nccl},
   \"ui\": ${j_ui},
   \"ui_detail\": ${j_ui_detail},

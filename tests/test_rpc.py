@@ -85,6 +85,33 @@ def test_serve_refuses_workers_that_do_not_answer_before_starting(tiny_deepseek4
     assert typo.returncode == 1 and "is not HOST:PORT" in typo.stderr
 
 
+def test_serve_refuses_a_worker_of_another_build(tiny_deepseek4: Path) -> None:
+    """An rpc-server of the unpatched pin (protocol 7.0.0) would not know patch 0013's op: refused before starting."""
+    import struct
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer_hellos() -> None:  # llama.cpp's HELLO reply: size, then major.minor.patch, a pad byte, 24 caps bytes
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(1 + 8 + 24)
+                conn.sendall(struct.pack("<Q", 4 + 24) + bytes([7, 0, 0, 0]) + bytes(24))
+
+    threading.Thread(target=answer_hellos, daemon=True).start()
+    try:
+        result = run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--rpc", f"127.0.0.1:{port}", timeout=60)
+    finally:
+        listener.close()
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "speaks RPC 7.0.0, this build 7.0.1" in result.stderr and "same pyllm-a100 build on every machine" in result.stderr
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3"])
 def test_non_loopback_binds_need_the_explicit_flag(host: str) -> None:
     result = run_pyllm("rpc-worker", "--host", host, "--port", "0")
@@ -102,7 +129,9 @@ def test_detached_worker_in_ps_doctor_and_stop(pyllm_home: Path) -> None:
     assert [(e["name"], e["kind"], e["status"], e["url"]) for e in listed] == [("w1", "rpc-worker", "ready", f"rpc://127.0.0.1:{port}")]
     doctor = json.loads(run_pyllm("doctor", "--rpc", f"127.0.0.1:{port}", "--json", check=True).stdout)
     (worker,) = doctor["rpc"]
-    assert worker["version"] == "7.0.0" and worker["devices"] and worker["devices"][0]["total_mib"] > 0
+    from pyllm_a100.build.native import build_info
+    assert worker["version"] == build_info()["rpc_protocol"] == "7.0.1"  # patch 0013 made it 7.0.1 (a new op)
+    assert worker["devices"] and worker["devices"][0]["total_mib"] > 0
     pid = listed[0]["server_pid"]
     assert run_pyllm("stop", "w1", check=True).stdout.strip() == "stopped w1"
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -18,8 +18,8 @@ import struct
 import subprocess
 from pathlib import Path
 
-from ..errors import RpcError
-from ..build.native import binary
+from ..errors import NativeBuildNotFound, RpcError
+from ..build.native import binary, build_info
 from .process import ManagedProcess
 from .net import bind_refusal, host_problem, is_loopback
 
@@ -78,9 +78,19 @@ def hello(endpoint: Endpoint, timeout: float = 5.0) -> tuple[int, int, int]:
                 "(or one of a very different llama.cpp); check the port"
             ) from None
     major, minor, patch = body[0], body[1], body[2]
-    if major != PROTO_MAJOR:
-        raise RpcError(f"the rpc-server at {endpoint} speaks RPC {major}.{minor}.{patch}, this build {PROTO_MAJOR}.x: run the same pyllm-a100 build on every machine")
+    ours = _build_protocol()
+    if major != PROTO_MAJOR or (ours is not None and f"{major}.{minor}.{patch}" != ours):
+        raise RpcError(f"the rpc-server at {endpoint} speaks RPC {major}.{minor}.{patch}, this build {ours or f'{PROTO_MAJOR}.x'}"
+                       " (the ops a graph may hold differ): run the same pyllm-a100 build on every machine")
     return major, minor, patch
+
+
+def _build_protocol() -> str | None:
+    """The RPC protocol this build's rpc-server speaks (build_info.json's rpc_protocol; None: an older build_info)."""
+    try:
+        return build_info().get("rpc_protocol")
+    except NativeBuildNotFound:  # no build here: only the major version can be checked
+        return None
 
 
 def _recv(sock: socket.socket, n: int) -> bytes:
