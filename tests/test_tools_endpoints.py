@@ -14,6 +14,7 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -142,6 +143,27 @@ def test_messages_forced_call_then_tool_result(served, choice, named) -> None:
     # Anthropic's input_tokens leaves out what came from the prompt cache (the slot kept the first turn)
     prompt_tokens = lambda usage: usage["input_tokens"] + usage.get("cache_read_input_tokens", 0)  # noqa: E731
     assert prompt_tokens(after.json()["usage"]) > prompt_tokens(reply["usage"]) + len(reply["content"])
+
+
+def test_anthropic_sdk_agent_turn(served) -> None:
+    """What a Claude-style agent sends, through Anthropic's own SDK: a named call, its tool_result, the next turn."""
+    name, server = served
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="none", max_retries=0, timeout=300)
+    extra = {"temperature": 1.0, **thinking_off(name)}
+    ask = [{"role": "user", "content": QUESTION}]
+    first = client.messages.create(model="m", max_tokens=MAX_CALL_TOKENS, messages=ask, tools=MESSAGES_TOOLS, extra_body=extra,
+                                   tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True})
+    (use,) = [b for b in first.content if b.type == "tool_use"]
+    assert first.stop_reason == "tool_use" and use.name == "get_weather", first
+    check_call(use.name, json.dumps(use.input), TOOLS)
+    turn = ask + [{"role": "assistant", "content": first.content},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "12 C, sunny"}]}]
+    with client.messages.stream(model="m", max_tokens=8, messages=turn, tools=MESSAGES_TOOLS, extra_body=extra) as stream:
+        second = stream.get_final_message()
+    assert second.stop_reason in ("end_turn", "max_tokens", "tool_use") and second.content, second
+    with pytest.raises(anthropic.BadRequestError, match="get_stock_price"):
+        client.messages.create(model="m", max_tokens=4, messages=ask, tools=MESSAGES_TOOLS,
+                               tool_choice={"type": "tool", "name": "get_stock_price"})
 
 
 def test_messages_seed_reproduces_a_sampled_call(served) -> None:
