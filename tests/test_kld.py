@@ -36,6 +36,7 @@ def test_kld_pipeline_on_the_cpu_gives_sane_figures(smollm2: Path, tmp_path: Pat
     assert result["base"]["corpus_tokens_used"] == 512 and result["base"]["threads"] == 2
     me, runs = result["self"], result["runs"]
     assert [r["threads"] for r in runs] == [2, 1] and all(r["device"] == "cpu" and not r["gpu_buffers"] for r in runs)
+    assert all(r["offloaded"].startswith("0/") for r in runs), runs  # the load summary was read (-lv 4)
     assert me["kld_mean"] < 1e-3 and me["same_top_pct"] > 99 and abs(me["ppl_ratio"] - 1) < 1e-2, me
     for r in runs:
         assert r["scored_tokens"] == 2 * 127

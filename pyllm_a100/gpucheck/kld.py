@@ -118,14 +118,23 @@ def upcast(quantize: Path, model: Path, f32: Path, logs: Path) -> dict:
 
 
 def _ppl_argv(perplexity: Path, model: Path, ctx: int, gpu: bool, threads: int | None, *extra: str) -> list[str]:
-    argv = [str(perplexity), "-m", str(model), "-c", str(ctx), *extra]
+    # -lv 4: the pin's tools print libllama's load summary (layers offloaded, buffers per device) only from TRACE on;
+    # without it the checks below would have nothing to read (seen on the H200: a GPU run taken for a CPU-only one).
+    argv = [str(perplexity), "-m", str(model), "-c", str(ctx), "-lv", "4", *extra]
     # CPU runs: no GPU device at all, no weights or ops sent to one (a CUDA build would otherwise offload ops).
     argv += ["-ngl", "99"] if gpu else ["-dev", "none", "-ngl", "0", "--no-op-offload"]
     return argv + (["-t", str(threads), "-tb", str(threads)] if threads else [])
 
 
+def _check_loaded(run: dict, label: str) -> None:
+    if run["offloaded"] is None:
+        raise KldError(f"llama-perplexity's log for {label} has no 'offloaded N/M layers' line: this build's "
+                       "llama-perplexity logs differently; run it with -lv 4 by hand and look for load_tensors")
+
+
 def _check_cpu(run: dict, label: str) -> None:
-    layers = (run["offloaded"] or "0/0").split("/")[0]
+    _check_loaded(run, label)
+    layers = run["offloaded"].split("/")[0]
     if run["gpu_buffers"] or layers != "0":
         raise KldError(f"the CPU run {label} used a GPU ({', '.join(run['gpu_buffers']) or run['offloaded']} "
                        "layers offloaded): this llama-perplexity ignores -dev none")
@@ -160,6 +169,7 @@ def kld_run(perplexity: Path, model: Path, base: Path, logs: Path, label: str, c
     if run["kld_mean"] is None:
         raise KldError(f"llama-perplexity printed no KL divergence for {label} (log {log}): it needs at least 100 "
                        "scored tokens")
+    _check_loaded(run, label)
     if gpu and not run["gpu_buffers"]:
         raise KldError(f"the GPU run {label} put nothing on a GPU (offloaded {run['offloaded']}): a CPU-only build?")
     if not gpu:
