@@ -194,6 +194,21 @@ def test_logs_and_stop(tiny_deepseek4: Path) -> None:
     assert missing.returncode == 1 and "no managed server named 'lg'" in missing.stderr
 
 
+def test_a_name_is_kept_as_given_or_refused_so_stop_and_logs_find_it(tiny_deepseek4: Path, pyllm_home: Path) -> None:
+    """--name 'has space' was registered as 'has-space' (an über-long one cut to 48 characters): pyllm stop and
+    logs with the name given then said 'no managed server named ...'."""
+    for bad in ["has space", "ünïcødé", "../up", "-dash-first", "x" * 65]:
+        refused = run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--detach", "--name", bad, timeout=300)
+        assert refused.returncode == 78 and refused.stderr.count("\n") == 1, refused.stderr
+        assert f"--name {bad!r}: use letters, digits" in refused.stderr
+    assert json.loads(run_pyllm("ps", "--json", check=True).stdout) == []
+    name = "Model_v1.2-" + "x" * 53  # 64 characters, past the 48 of a name made from the model's
+    assert run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--detach", "--name", name, timeout=300).returncode == 0
+    assert [e["name"] for e in json.loads(run_pyllm("ps", "--json", check=True).stdout)] == [name]
+    assert "model loaded" in run_pyllm("logs", name, check=True).stdout
+    assert run_pyllm("stop", name, check=True).stdout.strip() == f"stopped {name}"
+
+
 def test_stop_of_a_foreground_server_whose_parent_has_not_reaped_it_is_quick(tiny_deepseek4: Path) -> None:
     """pyllm stop waited 40 s (its whole TERM then KILL wait) for a pyllm serve that had exited as a zombie."""
     proc, child = _start_foreground(tiny_deepseek4)
