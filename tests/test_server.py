@@ -170,6 +170,21 @@ def test_kill_9_while_ready_is_noticed_and_restarted(servers, tiny_deepseek4: Pa
     assert reply.usage.completion_tokens == 4 and server.restarts == 1
 
 
+def test_ps_shows_no_pid_of_a_dead_llama_server_while_restarting(tiny_deepseek4: Path, pyllm_home: Path) -> None:
+    assert run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--detach", "--name", "rs", timeout=300).returncode == 0
+    first = json.loads(run_pyllm("ps", "--json", check=True).stdout)[0]["server_pid"]
+    os.kill(first, signal.SIGKILL)
+    seen = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not seen or seen[-1][0] != "ready"):
+        (row,) = json.loads(run_pyllm("ps", "--json", check=True).stdout)
+        seen.append((row["status"], row["server_pid"]))
+    assert ("restarting", None) in seen and seen[-1][0] == "ready", seen  # the restart waits 1 s: ps sees it
+    assert all(pid != first for status, pid in seen), f"ps listed the killed llama-server {first}: {seen}"
+    assert seen[-1][1] and psutil.pid_exists(seen[-1][1])
+    assert run_pyllm("stop", "rs", check=True).returncode == 0
+
+
 def test_detached_server_shows_in_ps_and_stale_entries_are_cleaned(tiny_deepseek4: Path, pyllm_home: Path) -> None:
     started = run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--detach", "--name", "bg", timeout=300)
     assert started.returncode == 0, started.stderr

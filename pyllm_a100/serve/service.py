@@ -208,7 +208,8 @@ def _state_record(prepared: Prepared, server: ManagedProcess | None, status: str
         "name": prepared.directory.name,
         "status": status,
         **state.owner_record(),  # pid, start time, command line digest: `stop` signals only this process
-        "server_pid": server.pid if server else None,
+        # None once it has exited: while restarting, ps showed the PID of the llama-server that died
+        "server_pid": server.pid if server and server.proc and server.proc.returncode is None else None,
         **prepared.describe(),
         "restart_limit": prepared.request.restart,
         "restarts": server.restarts if server else 0,
