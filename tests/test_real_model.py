@@ -14,6 +14,8 @@ import pytest
 from openai import OpenAI
 from pydantic import BaseModel, Field
 
+from conftest import run_python
+
 SMOLLM2_WIDTH = 576  # llama.embedding_length of SmolLM2-135M
 
 
@@ -169,6 +171,36 @@ def test_embeddings_endpoint_when_served_with_embeddings_on(servers, smollm2: Pa
     assert np.abs(vectors - local).max() < 1e-5, "server and in-process embeddings of the same text agree"
     cats, unrelated = vectors[0] @ vectors[1], vectors[0] @ vectors[2]
     assert cats > unrelated + 0.05, f"two sentences about a cat are closer ({cats:.3f}) than a cat and the stock market ({unrelated:.3f})"
+
+
+def test_an_empty_text_is_refused_by_embed_and_generate_and_an_empty_list_gives_no_vectors(smollm2: Path) -> None:
+    """SmolLM2 adds no BOS, so '' is 0 tokens. llama-cpp-python 0.3.36's embed('') writes one byte before its
+    batch's arrays: the process aborts later ('double free or corruption'). In a child process, so that a
+    regression cannot take pytest down."""
+    code = (
+        "from pyllm_a100 import Llama\n"
+        "from pyllm_a100.errors import InvalidArgument\n"
+        f"llm = Llama({str(smollm2)!r}, n_ctx=128, embedding=True)\n"
+        "for bad in ['', ['a text', '']]:\n"
+        "    try:\n"
+        "        llm.embed(bad)\n"
+        "    except InvalidArgument as e:\n"
+        "        print('refused:', e)\n"
+        "print('empty list:', llm.embed([]), llm.embed([], return_count=True))\n"
+        "try:\n"
+        "    llm.generate('', max_tokens=4)\n"
+        "except InvalidArgument as e:\n"
+        "    print('refused:', e)\n"
+        "print('after:', len(llm.embed('hello world')) > 0)\n"
+        "llm.close()\n"
+        "print('closed')\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "refused: embed: the text is empty (0 tokens)" in result.stdout
+    assert "refused: embed: text 1 of the list is empty (0 tokens)" in result.stdout
+    assert "refused: the prompt is empty (0 tokens)" in result.stdout  # was a bare AssertionError
+    assert "empty list: [] ([], 0)" in result.stdout and "after: True" in result.stdout and "closed" in result.stdout
 
 
 # Prompts whose greedy answers hold characters that SmolLM2's byte-level vocabulary splits over several tokens.

@@ -170,6 +170,21 @@ def test_kill_9_while_ready_is_noticed_and_restarted(servers, tiny_deepseek4: Pa
     assert reply.usage.completion_tokens == 4 and server.restarts == 1
 
 
+def test_ps_shows_no_pid_of_a_dead_llama_server_while_restarting(tiny_deepseek4: Path, pyllm_home: Path) -> None:
+    assert run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--detach", "--name", "rs", timeout=300).returncode == 0
+    first = json.loads(run_pyllm("ps", "--json", check=True).stdout)[0]["server_pid"]
+    os.kill(first, signal.SIGKILL)
+    seen = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not seen or seen[-1][0] != "ready"):
+        (row,) = json.loads(run_pyllm("ps", "--json", check=True).stdout)
+        seen.append((row["status"], row["server_pid"]))
+    assert ("restarting", None) in seen and seen[-1][0] == "ready", seen  # the restart waits 1 s: ps sees it
+    assert all(pid != first for status, pid in seen), f"ps listed the killed llama-server {first}: {seen}"
+    assert seen[-1][1] and psutil.pid_exists(seen[-1][1])
+    assert run_pyllm("stop", "rs", check=True).returncode == 0
+
+
 def test_detached_server_shows_in_ps_and_stale_entries_are_cleaned(tiny_deepseek4: Path, pyllm_home: Path) -> None:
     started = run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--detach", "--name", "bg", timeout=300)
     assert started.returncode == 0, started.stderr
@@ -192,6 +207,21 @@ def test_logs_and_stop(tiny_deepseek4: Path) -> None:
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     missing = run_pyllm("stop", "lg")
     assert missing.returncode == 1 and "no managed server named 'lg'" in missing.stderr
+
+
+def test_a_name_is_kept_as_given_or_refused_so_stop_and_logs_find_it(tiny_deepseek4: Path, pyllm_home: Path) -> None:
+    """--name 'has space' was registered as 'has-space' (an über-long one cut to 48 characters): pyllm stop and
+    logs with the name given then said 'no managed server named ...'."""
+    for bad in ["has space", "ünïcødé", "../up", "-dash-first", "x" * 65]:
+        refused = run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--detach", "--name", bad, timeout=300)
+        assert refused.returncode == 78 and refused.stderr.count("\n") == 1, refused.stderr
+        assert f"--name {bad!r}: use letters, digits" in refused.stderr
+    assert json.loads(run_pyllm("ps", "--json", check=True).stdout) == []
+    name = "Model_v1.2-" + "x" * 53  # 64 characters, past the 48 of a name made from the model's
+    assert run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--detach", "--name", name, timeout=300).returncode == 0
+    assert [e["name"] for e in json.loads(run_pyllm("ps", "--json", check=True).stdout)] == [name]
+    assert "model loaded" in run_pyllm("logs", name, check=True).stdout
+    assert run_pyllm("stop", name, check=True).stdout.strip() == f"stopped {name}"
 
 
 def test_stop_of_a_foreground_server_whose_parent_has_not_reaped_it_is_quick(tiny_deepseek4: Path) -> None:

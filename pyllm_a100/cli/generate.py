@@ -40,11 +40,15 @@ def generate_cmd(
         stats = llm.last_generation
         print()
         err.print(
-            f"-- {stats.generated_tokens} tokens, {stats.tokens_per_second:.1f} tokens/s "
-            f"(prompt {stats.prompt_tokens} tokens in {stats.prompt_seconds:.2f} s)"
+            f"-- {_tokens(stats.generated_tokens)}, {stats.tokens_per_second:.1f} tokens/s "
+            f"(prompt {_tokens(stats.prompt_tokens)} in {stats.prompt_seconds:.2f} s)"
         )
     finally:
         llm.close()
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token{'' if n == 1 else 's'}"
 
 
 def demo_cmd(

@@ -62,7 +62,7 @@ def serve_cmd(
     parallel: Annotated[Optional[int], typer.Option(help="Request slots served at once.")] = None,
     cors_origins: Annotated[Optional[str], typer.Option(help="Widen CORS beyond the server's own origin (e.g. '*').")] = None,
     alias: Annotated[Optional[str], typer.Option(help="Model name clients use (default: the file's).")] = None,
-    name: Annotated[Optional[str], typer.Option(help="Name in pyllm ps/stop/logs (default: MODEL-PORT).")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Name in pyllm ps/stop/logs: letters, digits, . _ - (default: MODEL-PORT).")] = None,
     rpc: Annotated[Optional[str], typer.Option(help="rpc-server workers HOST:PORT[,...] holding layers too (pyllm rpc-worker).")] = None,
     draft: Annotated[Optional[str], typer.Option(
         help="Speculative decoding: a draft GGUF (DSpark, MTP or a small model of the same vocabulary; the kind is read "
@@ -174,7 +174,7 @@ def rpc_worker_cmd(
     allow_network: Annotated[bool, typer.Option(
         help="Bind a non-loopback address. rpc-server has NO authentication and has had memory-safety bugs "
              "reachable over the network: use only on a private network or behind a tunnel.")] = False,
-    name: Annotated[Optional[str], typer.Option(help="Name in pyllm ps/stop/logs (default: rpc-worker-PORT).")] = None,
+    name: Annotated[Optional[str], typer.Option(help="Name in pyllm ps/stop/logs: letters, digits, . _ - (default: rpc-worker-PORT).")] = None,
     detach: Annotated[bool, typer.Option(help="Return once it answers; a supervisor keeps it running.")] = False,
     restart: Annotated[Optional[int], typer.Option(help="Restarts after a crash (default: 3 detached, 0 in the foreground).")] = None,
 ) -> None:

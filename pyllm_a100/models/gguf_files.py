@@ -145,7 +145,8 @@ def _locate(text: str) -> Path:
         fetched = resolve_name(text)  # REPO or REPO:QUANT fetched earlier
         if fetched is not None:
             return fetched
-        raise ModelNotFound(f"model {text} does not exist (no such file, nor a fetched name): give {MODEL_FORMS}")
+        shown = text if text == text.strip() else f"{text!r} (note the space at its start or end)"
+        raise ModelNotFound(f"model {shown} does not exist (no such file, nor a fetched name): give {MODEL_FORMS}")
     return path
 
 

@@ -162,8 +162,10 @@ def _check_restart(restart: int) -> None:
 
 def prepare_worker(request: WorkerRequest) -> Prepared:
     _check_restart(request.restart)
+    if request.name is not None:
+        state.check_name(request.name)
     config = request.to_config()  # validates (loopback rule, port) before anything is written
-    directory = state.new_server_dir(request.name or f"rpc-worker-{config.port}")
+    directory = state.new_server_dir(request.name or f"rpc-worker-{config.port}", exact=request.name is not None)
     request.name = directory.name
     return Prepared(request, config, directory)
 
@@ -176,6 +178,8 @@ def prepare(request: ServeRequest, api_key: str | None = None) -> Prepared:
     """
     # Validate before touching disk: a bad model or port must leave nothing behind.
     _check_restart(request.restart)
+    if request.name is not None:
+        state.check_name(request.name)
     if api_key is not None:
         check_api_key(api_key)
     if request.api_key_file is not None:
@@ -186,7 +190,8 @@ def prepare(request: ServeRequest, api_key: str | None = None) -> Prepared:
     if probe.draft is not None and probe.draft.files is not None:
         request.draft = str(probe.draft.files.first)  # resolved too: a relative path, or what auto found
     # an explicit --name takes over a failed entry of that name (a systemd restart keeps its name)
-    directory = state.new_server_dir(request.name or f"{probe.model.name}-{probe.port}", reuse_failed=request.name is not None)
+    directory = state.new_server_dir(request.name or f"{probe.model.name}-{probe.port}", reuse_failed=request.name is not None,
+                                     exact=request.name is not None)
     generated = None
     if api_key is None and request.api_key_file is None and not is_loopback(request.host):
         api_key = generated = secrets.token_urlsafe(32)
@@ -203,7 +208,8 @@ def _state_record(prepared: Prepared, server: ManagedProcess | None, status: str
         "name": prepared.directory.name,
         "status": status,
         **state.owner_record(),  # pid, start time, command line digest: `stop` signals only this process
-        "server_pid": server.pid if server else None,
+        # None once it has exited: while restarting, ps showed the PID of the llama-server that died
+        "server_pid": server.pid if server and server.proc and server.proc.returncode is None else None,
         **prepared.describe(),
         "restart_limit": prepared.request.restart,
         "restarts": server.restarts if server else 0,

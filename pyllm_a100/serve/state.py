@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from ..errors import ServerNotFound, StateError
+from ..errors import ServerConfigError, ServerNotFound, StateError
 from ..home import PRIVATE_DIR, PRIVATE_FILE, home, private_dir, write_json_atomic
 
 STATE = "state.json"
@@ -103,13 +103,24 @@ def valid_name(name: str) -> str:
     return name
 
 
-def new_server_dir(base_name: str, reuse_failed: bool = False) -> Path:
+def check_name(name: str) -> str:
+    """A ``--name`` given by the user, refused (exit 78) unless it is kept as given: pyllm stop/logs/metrics
+    find a server by that exact name (a name cleaned to another, 'has space' -> 'has-space', was not found)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
+        raise ServerConfigError(f"--name {name!r}: use letters, digits, '.', '_' or '-', starting with a letter or digit, "
+                                "up to 64 (pyllm ps, stop and logs take the name as given)")
+    return name
+
+
+def new_server_dir(base_name: str, reuse_failed: bool = False, exact: bool = False) -> Path:
     """A fresh folder for a server called ``base_name`` (or base_name-2, -3...), mode 0700.
 
+    ``exact``: ``base_name`` is the user's (checked by :func:`check_name`) and kept whole; a name made
+    from the model's is cleaned and cut to 48 characters.
     ``reuse_failed``: a failed entry called exactly ``base_name`` is taken over (its logs are appended to),
     so a server restarted under its own name (a systemd unit's) keeps that name."""
     root = private_dir(servers_dir())
-    clean = re.sub(r"[^A-Za-z0-9._-]", "-", base_name)[:48].lstrip(".-_") or "server"
+    clean = check_name(base_name) if exact else re.sub(r"[^A-Za-z0-9._-]", "-", base_name)[:48].lstrip(".-_") or "server"
     list_servers()  # drop stale entries first so their names are free again
     for i in range(1, 1000):
         name = clean if i == 1 else f"{clean}-{i}"
