@@ -126,16 +126,14 @@ def _ppl_argv(perplexity: Path, model: Path, ctx: int, gpu: bool, threads: int |
     return argv + (["-t", str(threads), "-tb", str(threads)] if threads else [])
 
 
-def _check_loaded(run: dict, label: str) -> None:
+def _check_device(run: dict, label: str, gpu: bool) -> None:
+    """The run used the device it was meant for, by llama.cpp's own load summary (printed at -lv 4)."""
     if run["offloaded"] is None:
         raise KldError(f"llama-perplexity's log for {label} has no 'offloaded N/M layers' line: this build's "
                        "llama-perplexity logs differently; run it with -lv 4 by hand and look for load_tensors")
-
-
-def _check_cpu(run: dict, label: str) -> None:
-    _check_loaded(run, label)
-    layers = run["offloaded"].split("/")[0]
-    if run["gpu_buffers"] or layers != "0":
+    if gpu and not run["gpu_buffers"]:
+        raise KldError(f"the GPU run {label} put nothing on a GPU (offloaded {run['offloaded']}): a CPU-only build?")
+    if not gpu and (run["gpu_buffers"] or run["offloaded"].split("/")[0] != "0"):
         raise KldError(f"the CPU run {label} used a GPU ({', '.join(run['gpu_buffers']) or run['offloaded']} "
                        "layers offloaded): this llama-perplexity ignores -dev none")
 
@@ -153,7 +151,7 @@ def base_run(perplexity: Path, f32: Path, corpus: Path, base: Path, logs: Path, 
     out = {"ppl": _num(r"Final estimate: PPL = ([\d.]+)", text), "chunks": int(tokens[1]), "n_ctx": int(tokens[2]),
            "corpus_tokens_used": int(tokens[1]) * int(tokens[2]), "seconds": round(time.monotonic() - started, 1),
            **facts(text)}
-    _check_cpu(out, "base")
+    _check_device(out, "base", gpu=False)
     return out
 
 
@@ -169,11 +167,7 @@ def kld_run(perplexity: Path, model: Path, base: Path, logs: Path, label: str, c
     if run["kld_mean"] is None:
         raise KldError(f"llama-perplexity printed no KL divergence for {label} (log {log}): it needs at least 100 "
                        "scored tokens")
-    _check_loaded(run, label)
-    if gpu and not run["gpu_buffers"]:
-        raise KldError(f"the GPU run {label} put nothing on a GPU (offloaded {run['offloaded']}): a CPU-only build?")
-    if not gpu:
-        _check_cpu(run, label)
+    _check_device(run, label, gpu)
     return run
 
 
