@@ -198,7 +198,8 @@ HI = [{"role": "user", "content": "Hi"}]
 BAD_CALL_HISTORY = HI + [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
     "name": "get_weather", "arguments": "{city: Paris"}}]}, {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
 # Requests the server cannot act on, and the words its 400 must hold (at the pin the middle three were HTTP 500s and
-# "required" with no tools was free text under 200: vendor/patches/0008 and 0018)
+# "required" with no tools was free text under 200, a blank or repeated tool name answered with a call named "" or
+# text: vendor/patches/0008 and 0018)
 BAD_REQUESTS = {
     "named-function-not-in-tools": (dict(messages=HI, tools=[WEATHER], tool_choice={
         "type": "function", "function": {"name": "get_stock_price"}}), "get_stock_price"),
@@ -207,6 +208,10 @@ BAD_REQUESTS = {
     "history-arguments-not-json": (dict(messages=BAD_CALL_HISTORY, tools=[WEATHER]), "arguments as JSON"),
     "required-with-empty-tools": (dict(messages=HI, tools=[], tool_choice="required"), "at least one tool"),
     "required-without-tools": (dict(messages=HI, tool_choice="required"), "at least one tool"),
+    "tool-with-empty-name": (dict(messages=HI, tools=[dict(WEATHER, function=dict(WEATHER["function"], name=""))]), "no name"),
+    "tool-with-blank-name": (dict(messages=HI, tools=[dict(WEATHER, function=dict(WEATHER["function"], name=" "))]), "no name"),
+    "two-tools-of-one-name": (dict(messages=HI, tools=[WEATHER, dict(TIME, function=dict(TIME["function"], name="get_weather"))]),
+                              'two functions are named "get_weather"'),
 }
 
 
