@@ -148,7 +148,11 @@ def test_messages_forced_call_then_tool_result(served, choice, named) -> None:
 def test_anthropic_sdk_agent_turn(served) -> None:
     """What a Claude-style agent sends, through Anthropic's own SDK: a named call, its tool_result, the next turn."""
     name, server = served
-    client = anthropic.Anthropic(base_url=server.base_url, api_key="none", max_retries=0, timeout=300)
+    # llama-server closes the connection after a streamed reply without a "Connection: close" header; a pooled
+    # connection reused at once then fails ("Server disconnected", seen once in CI). The SDK's default retries hide
+    # that; with retries off here, one connection per request (README, "Tool calls and reasoning")
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="none", max_retries=0, timeout=300,
+                                 default_headers={"Connection": "close"})
     extra = {"temperature": 1.0, **thinking_off(name)}
     ask = [{"role": "user", "content": QUESTION}]
     first = client.messages.create(model="m", max_tokens=MAX_CALL_TOKENS, messages=ask, tools=MESSAGES_TOOLS, extra_body=extra,
