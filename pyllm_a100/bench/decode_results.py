@@ -38,13 +38,16 @@ def _families(ncu: dict) -> dict[str, dict[str, float]]:
 
 
 def summarize(raw: dict[str, Any]) -> dict[str, Any]:
-    bench, ncu, ops = raw.get("bench") or {}, raw.get("ncu") or {}, raw.get("ops") or {}
+    bench, ncu = raw.get("bench") or {}, raw.get("ncu") or {}
+    ops = {k: v for key in sorted(raw) if key == "ops" or key.startswith("ops-") for k, v in (raw[key] or {}).items()}
     rows = []
     for layers in ("43l", "4l"):
         cols = bench.get(layers) or {}
         if "pin" not in cols:
             continue
-        last = [c for c in bench["columns"] if "+" not in c][-1]  # the build with every patch (no env switch)
+        # the shipped configuration: the build with every patch, or the column the run names (an env switch that a
+        # patch's default now matches, e.g. p0023+NOHC after 0022 became opt-in)
+        last = raw.get("shipped_column") or [c for c in bench["columns"] if "+" not in c][-1]
         pin, patched = cols["pin"], cols[last]
         row = {"model": "deepseek-v4-flash", "layers": int(layers[:-1]), "experts": 16, "type": "ud-q8-k-xl",
                "pin_tps": pin["decode_tps"], "patched_tps": patched["decode_tps"],
@@ -71,12 +74,14 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     patches = raw.get("patches") or [name for s in steps for name in s.get("patches", [])]
     out = {"gpu": raw.get("gpu"), "patches": patches, "build_seconds": [s.get("seconds") for s in
            steps], "rows": rows, "kernels": kernels, "test_backend_ops": op_rows,
+           **({k: raw[k] for k in ("column_notes", "ncu_note") if raw.get(k)}),
            "command": "scripts/gpu-decode --src .carry/llama.cpp-src.tar.gz build models bench ncu ops  (GPU machine; "
                       "then scripts/gpu-decode report; docs/gpu-report.md, Decode path)"}
     if raw.get("tokens"):
         cases = raw["tokens"].get("summary") or {}
         out["greedy_tokens"] = {"all_equal_to_pin": raw["tokens"].get("all_equal"), "cases": len(cases),
-                                "differing": sorted(k for k, v in cases.items() if not v["equal_to_pin"])}
+                                "differing": sorted(k for k, v in cases.items() if not v["equal_to_pin"]),
+                                **({"note": raw["tokens"]["note"]} if raw["tokens"].get("note") else {})}
     if raw.get("concurrency"):
         out["concurrency"] = _concurrency(raw["concurrency"])
     if raw.get("earlier_runs"):
@@ -116,16 +121,19 @@ build in the same run, two interleaved rounds; {summary['gpu']}. Patches: {', '.
         out.append(f"| {r['model']} ({r['experts']} experts, {r['type']}) | {r['layers']} | {r['pin_tps']} | {r['patched_tps']} | "
                    f"{r['decode_ratio']}x | {r['pin_prefill_tps']:.0f} | {r['patched_prefill_tps']:.0f} | {r['prefill_ratio']}x | {pct} |")
     out.append("\nEach level, decode tokens/s (43 layers / 4 layers):\n")
+    notes = summary.get("column_notes") or {}
     big = next((r for r in summary["rows"] if r["layers"] == 43), None)
     small = next((r for r in summary["rows"] if r["layers"] == 4), None)
     if big and small:
-        out += ["| build | 43 layers | 4 layers |", "| --- | ---: | ---: |"]
-        out += [f"| {c} | {v['decode_tps']} | {small['levels'].get(c, {}).get('decode_tps', '-')} |" for c, v in big["levels"].items()]
+        out += ["| build | 43 layers | 4 layers |" + (" what it is |" if notes else ""), "| --- | ---: | ---: |" + (" --- |" if notes else "")]
+        out += [f"| {c} | {v['decode_tps']} | {small['levels'].get(c, {}).get('decode_tps', '-')} |" + (f" {notes.get(c, '')} |" if notes else "")
+                for c, v in big["levels"].items()]
     k = summary["kernels"]
     if "pin" in k and "patched" in k:
         out.append(f"\nKernels in one 4-layer forward (ncu, one graph node each): **{k['pin']['kernels_per_forward']} → "
                    f"{k['patched']['kernels_per_forward']}**, {k['pin']['kernel_us_per_forward']:.0f} → "
-                   f"{k['patched']['kernel_us_per_forward']:.0f} us of kernel time. By kernel family:\n")
+                   f"{k['patched']['kernel_us_per_forward']:.0f} us of kernel time."
+                   + (f" {summary['ncu_note']}" if summary.get("ncu_note") else "") + " By kernel family:\n")
         out += ["| kernel | pin: count, us | patched: count, us |", "| --- | ---: | ---: |"]
         fams = sorted(set(k["pin"]["families"]) | set(k["patched"]["families"]),
                       key=lambda f: -max(k["pin"]["families"].get(f, {}).get("us", 0), k["patched"]["families"].get(f, {}).get("us", 0)))
@@ -142,7 +150,7 @@ build in the same run, two interleaved rounds; {summary['gpu']}. Patches: {', '.
         g = summary["greedy_tokens"]
         out.append(f"\nGreedy tokens (scripts/gpu-token-check: tiny and 4-layer V4, 8- and 300-token prompts, 48 tokens, -ub 64): "
                    f"{'every build equal to the pin' if g['all_equal_to_pin'] else 'differ: ' + ', '.join(g['differing'])} "
-                   f"({g['cases']} cases).")
+                   f"({g['cases']} cases)." + (f" {g['note']}" if g.get("note") else ""))
     if summary.get("concurrency"):
         c = summary["concurrency"]
         out += [f"\nAggregate decode under concurrency ({c['model']}, scripts/gpu-concurrency: `pyllm bench --url` against each "
