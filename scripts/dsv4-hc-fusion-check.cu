@@ -1,0 +1,198 @@
+// Patch 0022's fused DeepSeek-V4 hyper-connection kernels against the kernels they replace, bit for bit, on a GPU.
+//
+// Each fused kernel claims to form every value with the unfused kernels' float operations in their order. This program
+// runs both sides on the same random inputs (V4 shapes: n_embd 4096, 4 streams, 24 mixes; 1 and 64 tokens) and counts
+// the outputs whose bits differ. It includes the kernels' own sources (their static __global__ functions), so it is
+// built from a llama.cpp tree with vendor/patches applied, with the flags of ggml-cuda's build:
+//
+//   T=llama.cpp/ggml/src/ggml-cuda
+//   nvcc -O3 -std=c++17 -use_fast_math -extended-lambda -DGGML_USE_CUDA -DNDEBUG \
+//        -gencode arch=compute_80,code=[sm_80,compute_80] -I$T -I$T/.. -I$T/../../include \
+//        `# and -I for cublas_v2.h if the toolkit has no cuBLAS headers` \
+//        scripts/dsv4-hc-fusion-check.cu -o dsv4-hc-fusion-check
+//   CUDA_CACHE_MAXSIZE=4294967296 ./dsv4-hc-fusion-check      # exit 0: every fused output equals the unfused one
+//
+// (The included files' host-side ops reference ggml functions that this program never calls: stubs below abort.)
+#include "norm.cu"
+#include "mmvf.cu"
+#include "unary.cu"
+#include "dsv4-hc.cu"
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+// the ggml and ggml-cuda functions the included host-side ops refer to; never called here
+[[noreturn]] static void not_here(const char * f) { fprintf(stderr, "%s is not part of this check\n", f); abort(); }
+extern "C" {
+void ggml_abort(const char *, int, const char *, ...) { not_here("ggml_abort"); }
+int64_t ggml_nelements(const struct ggml_tensor *) { not_here("ggml_nelements"); }
+int64_t ggml_nrows(const struct ggml_tensor *) { not_here("ggml_nrows"); }
+size_t ggml_type_size(enum ggml_type) { not_here("ggml_type_size"); }
+const char * ggml_type_name(enum ggml_type) { not_here("ggml_type_name"); }
+size_t ggml_element_size(const struct ggml_tensor *) { not_here("ggml_element_size"); }
+bool ggml_is_contiguous(const struct ggml_tensor *) { not_here("ggml_is_contiguous"); }
+bool ggml_is_contiguous_1(const struct ggml_tensor *) { not_here("ggml_is_contiguous_1"); }
+bool ggml_are_same_shape(const struct ggml_tensor *, const struct ggml_tensor *) { not_here("ggml_are_same_shape"); }
+bool ggml_are_same_stride(const struct ggml_tensor *, const struct ggml_tensor *) { not_here("ggml_are_same_stride"); }
+enum ggml_unary_op ggml_get_unary_op(const struct ggml_tensor *) { not_here("ggml_get_unary_op"); }
+}
+void ggml_cuda_error(const char *, const char *, const char *, int, const char *) { not_here("ggml_cuda_error"); }
+const ggml_cuda_device_info & ggml_cuda_info() { not_here("ggml_cuda_info"); }
+void ggml_cuda_set_device(int) { not_here("ggml_cuda_set_device"); }
+int ggml_cuda_get_device() { not_here("ggml_cuda_get_device"); }
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(2); } } while (0)
+
+static constexpr int64_t N_EMBD = 4096, HC = 4, MIX = (2 + HC) * HC;
+static constexpr float   EPS = 1e-6f;
+static constexpr int     N_ITER = 20;
+
+static uint64_t rng_state = 42;
+static float frand(float lo, float hi) {  // deterministic LCG
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (float) ((rng_state >> 40) & 0xffffff) / (float) 0xffffff;
+}
+
+static float * dev(const std::vector<float> & h) {
+    float * d;
+    CK(cudaMalloc(&d, h.size() * sizeof(float)));
+    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+static float * dev_zero(size_t n) {
+    float * d;
+    CK(cudaMalloc(&d, n * sizeof(float)));
+    CK(cudaMemset(d, 0xff, n * sizeof(float)));  // NaN bits: an output left unwritten shows as a difference
+    return d;
+}
+static std::vector<float> host(const float * d, size_t n) {
+    std::vector<float> h(n);
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+static std::vector<float> rand_vec(size_t n, float lo, float hi) {
+    std::vector<float> v(n);
+    for (float & x : v) x = frand(lo, hi);
+    return v;
+}
+
+static int failures = 0;
+static void compare(const char * what, const float * a, const float * b, size_t n) {
+    const std::vector<float> ha = host(a, n), hb = host(b, n);
+    size_t diff = 0, first = n;
+    for (size_t i = 0; i < n; ++i) {
+        if (memcmp(&ha[i], &hb[i], sizeof(float)) != 0) {
+            if (diff++ == 0) first = i;
+        }
+    }
+    printf("%-58s %s", what, diff ? "DIFFER" : "bit-identical");
+    if (diff) {
+        printf(": %zu of %zu, first at %zu (%.9g vs %.9g)", diff, n, first, ha[first], hb[first]);
+        failures++;
+    }
+    printf("\n");
+}
+
+static mul_add_sigmoid_scale_src src_of(const float * data, std::array<int64_t, 4> ne, std::array<int64_t, 4> s) {
+    mul_add_sigmoid_scale_src r;
+    r.data = data;
+    for (int d = 0; d < 4; ++d) { r.ne[d] = ne[d]; r.s[d] = s[d]; }
+    return r;
+}
+
+// the unfused gate (patch 0005's kernel): dst [HC, nt] contiguous from mixes[k*HC + h, t]
+static void gate_unfused(const float * mixes, const float * scale, const float * base, int k, float s, float b, int64_t nt, float * dst) {
+    mul_add_sigmoid_scale_f32<<<1, 256>>>(src_of(mixes + k * HC, {HC, nt, 1, 1}, {1, MIX, MIX * nt, MIX * nt}),
+                                          src_of(scale + k, {1, 1, 1, 1}, {1, 1, 1, 1}),
+                                          src_of(base + k * HC, {HC, 1, 1, 1}, {1, HC, HC, HC}), dst, HC, nt, 1, 1, s, b);
+}
+static ggml_cuda_dsv4_hc_gate gate_fused(const float * mixes, const float * scale, const float * base, int k, float s, float b) {
+    return { mixes + k * HC, 1, MIX, scale + k, base + k * HC, 1, s, b };
+}
+
+static __global__ void add_f32(const float * a, const float * b, float * c, int64_t n) {  // k_bin_bcast's op_add
+    const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] = a[i] + b[i];
+}
+
+int main() {
+    const int64_t nts[] = { 1, 64 };
+    const std::vector<float> h_fn = rand_vec(HC * N_EMBD * MIX, -0.01f, 0.01f);
+    const float * fn    = dev(h_fn);
+    const float * scale = dev(rand_vec(3, -0.5f, 0.5f));
+    const float * base  = dev(rand_vec(MIX, -0.25f, 0.25f));
+
+    for (int64_t nt : nts) {
+        printf("== %lld token(s)\n", (long long) nt);
+        const float * x        = dev(rand_vec(N_EMBD * HC * nt, -1.5f, 1.5f));  // the streams [n_embd, hc, nt]
+        const float * layer    = dev(rand_vec(N_EMBD * nt, -1.0f, 1.0f));       // attention output [n_embd, nt]
+        const float * ffn_a    = dev(rand_vec(N_EMBD * nt, -1.0f, 1.0f));       // moe_out
+        const float * ffn_b    = dev(rand_vec(N_EMBD * nt, -1.0f, 1.0f));       // shared expert
+        float * mixes = dev_zero(MIX * nt);
+
+        if (nt == 1) {  // norm: rms_norm_f32<1024> then mul_mat_vec_f<float, float, 1, 256> vs rms_norm_mul_mat_vec_f32
+            float * normed = dev_zero(HC * N_EMBD);
+            float * mixes_fused = dev_zero(MIX);
+            const uint3 z = make_uint3(0, 0, 0);
+            rms_norm_f32<1024, false, false, false><<<1, 1024, 32 * sizeof(float)>>>(x, normed, HC * N_EMBD, HC * N_EMBD, HC * N_EMBD, HC * N_EMBD, EPS,
+                nullptr, 0, 0, 0, z, z, z, z, nullptr, 0, 0, 0, z, z, z, z, 1.0f);
+            const uint3 one = init_fastdiv_values(1);
+            mul_mat_vec_f<float, float, 1, 256, false, false><<<dim3(MIX, 1, 1), 256, WARP_SIZE * sizeof(float)>>>(
+                fn, normed, nullptr, ggml_cuda_mm_fusion_args_device{}, mixes, HC * N_EMBD / 2, one, HC * N_EMBD, HC * N_EMBD / 2, MIX,
+                one, 0, 0, 0, one, 0, 0, 0, 0);
+            rms_norm_mul_mat_vec_f32<<<MIX, 1024>>>(x, fn, mixes_fused, HC * N_EMBD, HC * N_EMBD, EPS);
+            compare("norm: flat rms_norm + mixes matmul", mixes, mixes_fused, MIX);
+        } else {        // at 64 tokens the matmul is not fused: random mixes of the same scale
+            CK(cudaMemcpy(mixes, rand_vec(MIX * nt, -2.0f, 2.0f).data(), MIX * nt * sizeof(float), cudaMemcpyHostToDevice));
+        }
+
+        // pre: gate (0005) + dsv4_hc_pre_f32<false> vs dsv4_hc_pre_gate_f32
+        float * pre_w = dev_zero(HC * nt), * pre_ref = dev_zero(N_EMBD * nt), * pre_fused = dev_zero(N_EMBD * nt);
+        gate_unfused(mixes, scale, base, 0, 1.0f, EPS, nt, pre_w);
+        const int64_t blocks_pre = (N_EMBD * nt + 255) / 256;
+        dsv4_hc_pre_f32<false><<<blocks_pre, 256>>>(x, pre_w, pre_ref, N_EMBD, HC, nt, 1, N_EMBD, N_EMBD * HC, 1, HC, HC * nt, 1, N_EMBD, 1.0f);
+        dsv4_hc_pre_gate_f32<<<blocks_pre, 256>>>(x, gate_fused(mixes, scale, base, 0, 1.0f, EPS), pre_fused, N_EMBD, HC, nt,
+                                                  1, N_EMBD, N_EMBD * HC, 1, N_EMBD, 1.0f);
+        compare("pre: gate + hc_pre", pre_ref, pre_fused, N_EMBD * nt);
+
+        // the post gate and the comb, unfused, for the references below
+        float * post_w = dev_zero(HC * nt), * comb = dev_zero(HC * HC * nt);
+        gate_unfused(mixes, scale, base, 1, 2.0f, 0.0f, nt, post_w);
+        dsv4_hc_comb_f32<<<(nt + 255) / 256, 256>>>(mixes, scale, base, comb, nt, 1, MIX, 1, 1, 1, HC, HC * HC, EPS, N_ITER);
+        const int64_t blocks_post = (N_EMBD * HC * nt + 255) / 256;
+        float * post_ref = dev_zero(N_EMBD * HC * nt);
+        dsv4_hc_post_f32<true><<<blocks_post, 256>>>(layer, x, post_w, comb, post_ref, N_EMBD, HC, nt, 1, N_EMBD,
+            1, N_EMBD, N_EMBD * HC, 1, HC, 1, HC, HC * HC, 1, N_EMBD, N_EMBD * HC);
+
+        if (nt == 1) {
+            // post: gate + comb + hc_post vs dsv4_hc_post_gate_comb_f32
+            float * post_fused = dev_zero(N_EMBD * HC);
+            dsv4_hc_post_gate_comb_f32<<<blocks_post, 256>>>(layer, x, gate_fused(mixes, scale, base, 1, 2.0f, 0.0f),
+                mixes, scale, base, 1, MIX, 1, 1, EPS, N_ITER, post_fused, N_EMBD, 1, 1, N_EMBD, 1, N_EMBD);
+            compare("post: gate + comb + hc_post", post_ref, post_fused, N_EMBD * HC);
+
+            // ffn: post gate, comb, pre gate, hc_pre in one kernel (post and comb written too)
+            float * ffn_post = dev_zero(HC), * ffn_comb = dev_zero(HC * HC), * ffn_pre = dev_zero(N_EMBD);
+            dsv4_hc_pre_gate_post_comb_f32<<<(N_EMBD + 255) / 256, 256>>>(x, gate_fused(mixes, scale, base, 0, 1.0f, EPS),
+                gate_fused(mixes, scale, base, 1, 2.0f, 0.0f), mixes, scale, base, 1, MIX, 1, 1, EPS, N_ITER,
+                ffn_post, ffn_comb, 1, HC, ffn_pre, N_EMBD, 1, N_EMBD, 1, 1.0f);
+            compare("ffn: the post gate it writes", post_w, ffn_post, HC);
+            compare("ffn: the comb it writes", comb, ffn_comb, HC * HC);
+            compare("ffn: hc_pre", pre_ref, ffn_pre, N_EMBD);
+        }
+
+        // add: ADD then hc_post vs dsv4_hc_post_add_f32
+        float * sum = dev_zero(N_EMBD * nt), * add_ref = dev_zero(N_EMBD * HC * nt), * add_fused = dev_zero(N_EMBD * HC * nt);
+        add_f32<<<(N_EMBD * nt + 255) / 256, 256>>>(ffn_a, ffn_b, sum, N_EMBD * nt);
+        dsv4_hc_post_f32<true><<<blocks_post, 256>>>(sum, x, post_w, comb, add_ref, N_EMBD, HC, nt, 1, N_EMBD,
+            1, N_EMBD, N_EMBD * HC, 1, HC, 1, HC, HC * HC, 1, N_EMBD, N_EMBD * HC);
+        dsv4_hc_post_add_f32<<<blocks_post, 256>>>(ffn_a, ffn_b, x, post_w, comb, add_fused, N_EMBD, HC, nt, 1, N_EMBD, 1, N_EMBD,
+            1, N_EMBD, N_EMBD * HC, 1, HC, 1, HC, HC * HC, 1, N_EMBD, N_EMBD * HC);
+        compare("add: ADD + hc_post", add_ref, add_fused, N_EMBD * HC * nt);
+    }
+    CK(cudaDeviceSynchronize());
+    printf("%s\n", failures ? "SOME FUSED KERNELS DIFFER" : "every fused output is bit-identical to the unfused one");
+    return failures ? 1 : 0;
+}
