@@ -1,4 +1,5 @@
-// Patch 0022's fused DeepSeek-V4 hyper-connection kernels against the kernels they replace, bit for bit, on a GPU.
+// Patch 0022's fused DeepSeek-V4 hyper-connection kernels (with 0025's faster norm + mixes kernel) and 0026's RMS_NORM +
+// MUL + q8_1 copy against the kernels they replace, bit for bit, on a GPU.
 //
 // Each fused kernel claims to form every value with the unfused kernels' float operations in their order. This program
 // runs both sides on the same random inputs (V4 shapes: n_embd 4096, 4 streams, 24 mixes; 1 and 64 tokens) and counts
@@ -14,6 +15,7 @@
 //
 // (The included files' host-side ops reference ggml functions that this program never calls: stubs below abort.)
 #include "norm.cu"
+#include "quantize.cu"
 #include "mmvf.cu"
 #include "unary.cu"
 #include "dsv4-hc.cu"
@@ -117,7 +119,35 @@ static __global__ void add_f32(const float * a, const float * b, float * c, int6
     if (i < n) c[i] = a[i] + b[i];
 }
 
+// 0026: rms_norm_f32<block, true> (RMS_NORM + MUL) then quantize_q8_1 vs rms_norm_mul_q8_1_f32 (both outputs)
+template <int block>
+static void check_norm_q8_1(int ncols, int nrows) {
+    const float * x = dev(rand_vec(ncols * nrows, -2.0f, 2.0f)), * w = dev(rand_vec(ncols, 0.5f, 1.5f));
+    float * ref = dev_zero(ncols * nrows), * fused = dev_zero(ncols * nrows);
+    const size_t q_floats = nrows * (ncols / QK8_1) * sizeof(block_q8_1) / sizeof(float);
+    float * q_ref = dev_zero(q_floats), * q_fused = dev_zero(q_floats);
+    const uint3 z = make_uint3(0, 0, 0), one = init_fastdiv_values(1), cols = init_fastdiv_values(ncols);
+    rms_norm_f32<block, true, false, false><<<nrows, block, 32 * sizeof(float)>>>(x, ref, ncols, ncols, ncols * nrows,
+        ncols * nrows, EPS, w, 0, 0, 0, cols, one, one, one, nullptr, 0, 0, 0, z, z, z, z, 1.0f);
+    quantize_q8_1<<<dim3(ncols / CUDA_QUANTIZE_BLOCK_SIZE, nrows, 1), CUDA_QUANTIZE_BLOCK_SIZE>>>(ref, q_ref, ncols,
+        ncols, ncols * nrows, ncols * nrows, ncols, nrows, init_fastdiv_values(1));
+    rms_norm_mul_q8_1_f32<block><<<nrows, block, 32 * sizeof(float)>>>(x, fused, (block_q8_1 *) q_fused, ncols, ncols, EPS,
+        w, 0, cols, one);
+    char what[96];
+    snprintf(what, sizeof(what), "norm+q8_1: rms_norm*w, %d x %d (block %d)", ncols, nrows, block);
+    compare(what, ref, fused, ncols * nrows);
+    snprintf(what, sizeof(what), "norm+q8_1: its q8_1 copy, %d x %d (block %d)", ncols, nrows, block);
+    compare(what, q_ref, q_fused, q_floats);  // q8_1 blocks are 36 bytes: whole floats
+}
+
 int main() {
+    printf("== RMS_NORM + MUL + q8_1 copy\n");
+    check_norm_q8_1<1024>(N_EMBD, 1);
+    check_norm_q8_1<1024>(N_EMBD, 4);
+    check_norm_q8_1<1024>(1024, 1);
+    check_norm_q8_1<256>(512, 1);
+    check_norm_q8_1<256>(512, 8);
+
     const int64_t nts[] = { 1, 64 };
     const std::vector<float> h_fn = rand_vec(HC * N_EMBD * MIX, -0.01f, 0.01f);
     const float * fn    = dev(h_fn);
@@ -144,6 +174,9 @@ int main() {
                 one, 0, 0, 0, one, 0, 0, 0, 0);
             rms_norm_mul_mat_vec_f32<<<MIX, 1024>>>(x, fn, mixes_fused, HC * N_EMBD, HC * N_EMBD, EPS);
             compare("norm: flat rms_norm + mixes matmul", mixes, mixes_fused, MIX);
+            float * mixes_prefetch = dev_zero(MIX);  // 0025's 256-thread kernel for this width
+            rms_norm_mul_mat_vec_f32_prefetch<32><<<MIX, 256>>>(x, fn, mixes_prefetch, HC * N_EMBD, HC * N_EMBD, EPS);
+            compare("norm: the same, 256 threads with the loads first", mixes, mixes_prefetch, MIX);
         } else {        // at 64 tokens the matmul is not fused: random mixes of the same scale
             CK(cudaMemcpy(mixes, rand_vec(MIX * nt, -2.0f, 2.0f).data(), MIX * nt * sizeof(float), cudaMemcpyHostToDevice));
         }
