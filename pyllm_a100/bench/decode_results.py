@@ -69,7 +69,10 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     for key, v in ops.items():
         if isinstance(v, dict) and ":" in key:
             label, op = key.split(":", 1)
-            op_rows.setdefault(op, {})[label] = {"passed": v["ok"], "failed": v["fail"]}
+            build, *env = label.split("+")  # patched+GGML_CUDA_...: an op run with a switch set; a run without one wins
+            if env and build in op_rows.get(op, {}):
+                continue
+            op_rows.setdefault(op, {})[build] = {"passed": v["ok"], "failed": v["fail"], **({"env": env} if env else {})}
     steps = (raw.get("build") or {}).get("steps", [])
     patches = raw.get("patches") or [name for s in steps for name in s.get("patches", [])]
     out = {"gpu": raw.get("gpu"), "patches": patches, "build_seconds": [s.get("seconds") for s in
@@ -144,7 +147,8 @@ build in the same run, two interleaved rounds; {summary['gpu']}. Patches: {', '.
     if ops:
         out += ["\n`test-backend-ops test -b CUDA0 -o OP` (GPU against the CPU backend):\n", "| op | pin | patched |", "| --- | --- | --- |"]
         for op, v in ops.items():
-            cell = lambda x: f"{x['passed']} passed, {x['failed']} failed" if x else "-"  # noqa: E731
+            cell = lambda x: (f"{x['passed']} passed, {x['failed']} failed" + (f" ({', '.join(x['env'])})" if x.get("env") else "")  # noqa: E731
+                              if x else "-")
             out.append(f"| {op} | {cell(v.get('pin'))} | {cell(v.get('patched'))} |")
     if summary.get("greedy_tokens"):
         g = summary["greedy_tokens"]
