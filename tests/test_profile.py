@@ -7,13 +7,16 @@ from pathlib import Path
 
 from conftest import run_pyllm
 
-from pyllm_a100.bench.profile import KernelRow, kernel_table, one_step
+import pytest
+
+from pyllm_a100.bench.profile import KernelRow, ProfileError, kernel_table, launch_metrics, one_step
 
 HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n'
 
 
-def row(i: int, name: str, value: str, unit: str = "nsecond", metric: str = "gpu__time_duration.sum") -> str:
-    return f'"{i}","1","llama-bench","h","{name}","1","7","(128, 1, 1)","(2048, 6, 1)","0","9.0","Command line profiler metrics","{metric}","{unit}","{value}"\n'
+def row(i: int, name: str, value: str, unit: str = "nsecond", metric: str = "gpu__time_duration.sum",
+        grid: str = "(2048, 6, 1)") -> str:
+    return f'"{i}","1","llama-bench","h","{name}","1","7","(128, 1, 1)","{grid}","0","9.0","Command line profiler metrics","{metric}","{unit}","{value}"\n'
 
 
 Q8 = "void mul_mat_vec_q<8, 1, 0, 0, 0>(const void *, const void *, const int *)"
@@ -44,3 +47,21 @@ def test_profile_needs_a_model_and_runs_alone(tiny_models: dict[str, Path]) -> N
     assert result.returncode == 1 and "--profile starts the model itself: give a MODEL" in result.stderr, result.stderr
     both = run_pyllm("bench", str(tiny_models["tiny-llama"]), "--profile", "--verify-cost", "1-4", timeout=60)
     assert both.returncode == 1 and "--verify-cost and --profile are separate benchmarks" in both.stderr, both.stderr
+
+
+def test_launch_metrics_average_each_launch_shape_and_keep_the_largest_stalls() -> None:
+    stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+    text = "==PROF== Connected\n" + HEADER
+    for i, (grid, us, scoreboard) in enumerate([("(32768, 1, 1)", "40000", "9.5"), ("(32768, 1, 1)", "38000", "10.5"),
+                                                 ("(8192, 1, 1)", "12000", "2")], start=1):
+        text += row(i, Q8, us, grid=grid) + row(i, Q8, "61.5", "%", "dram__throughput.avg.pct_of_peak_sustained_elapsed", grid)
+        text += row(i, Q8, scoreboard, "", stall.format("long_scoreboard"), grid) + row(i, Q8, "0.5", "", stall.format("wait"), grid)
+        text += row(i, Q8, "n/a", "", "launch__occupancy_limit_registers", grid)  # not a number: skipped
+    shapes = launch_metrics(text)
+    big, small = shapes["void mul_mat_vec_q<8, 1, 0, 0, 0> grid(32768, 1, 1)"], shapes["void mul_mat_vec_q<8, 1, 0, 0, 0> grid(8192, 1, 1)"]
+    assert list(shapes)[0].endswith("grid(32768, 1, 1)")  # the most time first
+    assert big["launches"] == 2 and big["gpu__time_duration.sum"] == 39000.0 and big["dram__throughput.avg.pct_of_peak_sustained_elapsed"] == 61.5
+    assert big["stalls"] == {"long_scoreboard": 10.0, "wait": 0.5} and small["stalls"]["long_scoreboard"] == 2.0
+    assert "launch__occupancy_limit_registers" not in big
+    with pytest.raises(ProfileError, match="no metric table"):
+        launch_metrics("==ERROR== unknown metric\n")

@@ -52,8 +52,8 @@ class StepProfile:
                 "kernels": [dataclasses.asdict(r) for r in self.rows]}
 
 
-def kernel_table(text: str) -> dict[str, tuple[int, float]]:
-    """ncu's ``--csv`` output -> kernel name: (launches, microseconds)."""
+def kernel_table(text: str, by_launch: bool = False) -> dict[str, tuple[int, float]]:
+    """ncu's ``--csv`` output -> kernel name (``by_launch``: with its grid and block): (launches, microseconds)."""
     start = text.find('"ID"')
     if start < 0:
         raise ProfileError("ncu printed no kernel table (no CSV header): was the GPU visible, and did llama-bench run?")
@@ -62,9 +62,52 @@ def kernel_table(text: str) -> dict[str, tuple[int, float]]:
         if row.get("Metric Name") != METRIC:
             continue
         scale = UNITS_US.get((row.get("Metric Unit") or "nsecond").lower(), 1e-3)
-        count, us = table.get(row["Kernel Name"], (0, 0.0))
-        table[row["Kernel Name"]] = (count + 1, us + float(row["Metric Value"].replace(",", "")) * scale)
+        key = f"{row['Kernel Name']} grid{row.get('Grid Size', '')} block{row.get('Block Size', '')}" if by_launch else row["Kernel Name"]
+        count, us = table.get(key, (0, 0.0))
+        table[key] = (count + 1, us + float(row["Metric Value"].replace(",", "")) * scale)
     return table
+
+
+# What holds a kernel (ncu per launch, kernel replay): scripts/gpu-decode's ncufull stage asks for these by name and
+# for the stall reasons by pattern; ``--set full`` (details page) is the fallback when a name is unknown to that ncu.
+LAUNCH_METRICS = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+                  "sm__throughput.avg.pct_of_peak_sustained_elapsed", "l1tex__throughput.avg.pct_of_peak_sustained_active",
+                  "sm__warps_active.avg.pct_of_peak_sustained_active", "launch__registers_per_thread",
+                  "launch__occupancy_limit_registers", r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio")
+STALL = "smsp__average_warps_issue_stalled_"
+
+
+def launch_metrics(text: str) -> dict[str, dict[str, dict[str, float]]]:
+    """ncu's long ``--csv`` output (a row per launch and metric) -> launch shape: metric: mean over its launches.
+
+    A shape is the kernel's name up to its argument list plus its grid; stall reasons (``STALL``*) are folded into a
+    ``stalls`` entry holding the six largest."""
+    start = text.find('"ID"')
+    if start < 0:
+        raise ProfileError("ncu printed no metric table (no CSV header): was the GPU visible, and did llama-bench run?")
+    per_launch: dict[tuple[str, str], dict[str, float]] = {}
+    shape_of: dict[str, str] = {}
+    for row in csv.DictReader(io.StringIO(text[start:])):
+        try:
+            value = float((row.get("Metric Value") or "").replace(",", ""))
+        except ValueError:
+            continue
+        shape = f"{row.get('Kernel Name', '').split('(')[0]} grid{row.get('Grid Size', '')}"
+        shape_of[row["ID"]] = shape
+        per_launch.setdefault((shape, row["ID"]), {})[row["Metric Name"]] = value
+    out: dict[str, dict] = {}
+    for (shape, _), metrics in per_launch.items():
+        acc = out.setdefault(shape, {"launches": 0, "sums": {}})
+        acc["launches"] += 1
+        for name, v in metrics.items():
+            acc["sums"][name] = acc["sums"].get(name, 0.0) + v
+    for shape, acc in out.items():
+        means = {k: round(v / acc["launches"], 3) for k, v in acc.pop("sums").items()}
+        stalls = {k[len(STALL):].split("_per_issue")[0]: v for k, v in means.items() if k.startswith(STALL)}
+        acc.update({k: v for k, v in means.items() if not k.startswith(STALL)})
+        if stalls:
+            acc["stalls"] = dict(sorted(stalls.items(), key=lambda kv: -kv[1])[:6])
+    return dict(sorted(out.items(), key=lambda kv: -kv[1].get("gpu__time_duration.sum", kv[1].get("Duration", 0)) * kv[1]["launches"]))
 
 
 def one_step(first: dict[str, tuple[int, float]], second: dict[str, tuple[int, float]]) -> list[KernelRow]:
@@ -102,3 +145,26 @@ def profile_decode_step(model: str | os.PathLike[str], *, llama_bench: Path | No
                 raise ProfileError(f"ncu on llama-bench failed ({tail[0]}): run the command by hand to see why: {' '.join(cmd)}")
             tables.append(kernel_table(log.read_text(errors="replace") if log.exists() else result.stdout))
     return StepProfile(str(files.first), one_step(*tables))
+
+
+def profile_launches(llama_bench: Path, model: str | os.PathLike[str], log_dir: Path, *, env: dict[str, str],
+                     kernels: str = "regex:mul_mat_vec_q", count: int = 80,
+                     extra_args: tuple[str, ...] = ("-ngl", "99", "-fa", "1")) -> dict:
+    """ncu per launch (kernel replay, CUDA graphs off) on one ``-n 1`` llama-bench run: ``launch_metrics`` of the
+    first ``count`` launches matching ``kernels``, with LAUNCH_METRICS; ``--set full`` when that ncu rejects a name.
+    Returns {"how": "metrics" | "full", "shapes": ...}; the CSV files stay in ``log_dir``."""
+    tried = []
+    for how, what in (("metrics", ["--metrics", ",".join(LAUNCH_METRICS)]), ("full", ["--set", "full"])):
+        log = Path(log_dir) / f"ncu-launches-{how}.csv"
+        cmd = ["ncu", *what, "-k", kernels, "--launch-count", str(count), "--csv", "--print-units", "base",
+               "--log-file", str(log), str(llama_bench), "-m", str(model), "-p", "0", "-n", "1", "-r", "1",
+               "--no-warmup", *extra_args]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                                env=dict(os.environ, CUDA_CACHE_MAXSIZE="4294967296", GGML_CUDA_DISABLE_GRAPHS="1", **env))
+        (Path(log_dir) / f"ncu-launches-{how}.stdout").write_text(result.stdout + result.stderr)
+        try:
+            return {"how": how, "shapes": launch_metrics(log.read_text(errors="replace") if log.exists() else "")}
+        except ProfileError as e:
+            tried.append(f"{how}: exit {result.returncode}, {e}")
+    raise ProfileError(f"ncu per-launch metrics failed ({'; '.join(tried)}): see {log_dir}/ncu-launches-*.stdout")
+

@@ -1,0 +1,144 @@
+// Patch 0032's RMS_NORM [-> MUL] -> ROPE-with-offset [-> SET_ROWS] kernel against the kernels it replaces, bit for bit,
+// on a GPU: rms_norm_f32 (the pin's launch, with and without the weight) then rope_norm (forward, as the ROPE or the
+// fused ROPE + VIEW + SET_ROWS launch it), on the same random rows. DeepSeek-V4 shapes: q (64 heads of 512, 448
+// channels unrotated, 1 and 7 tokens), kv and the attention compressor (512, weight, F16 cache rows), the indexer's
+// compressor (128, weight, F32 rows), plus a YaRN case (ext_factor != 0) and a row of 2048 (the 1024-thread kernel).
+// Built like scripts/dsv4-hc-fusion-check.cu (its header), from a tree with vendor/patches (and 0032) applied:
+//
+//   T=llama.cpp/ggml/src/ggml-cuda
+//   nvcc -O3 -std=c++17 -use_fast_math -extended-lambda -DGGML_USE_CUDA -DNDEBUG \
+//        -gencode arch=compute_80,code=[sm_80,compute_80] -I$T -I$T/.. -I$T/../../include \
+//        scripts/dsv4-rope-fusion-check.cu -o dsv4-rope-fusion-check
+//   CUDA_CACHE_MAXSIZE=4294967296 ./dsv4-rope-fusion-check     # exit 0: every fused output equals the unfused one
+#include "norm.cu"
+#include "rope.cu"
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+[[noreturn]] static void not_here(const char * f) { fprintf(stderr, "%s is not part of this check\n", f); abort(); }
+extern "C" {
+void ggml_abort(const char *, int, const char *, ...) { not_here("ggml_abort"); }
+int64_t ggml_nelements(const struct ggml_tensor *) { not_here("ggml_nelements"); }
+int64_t ggml_nrows(const struct ggml_tensor *) { not_here("ggml_nrows"); }
+size_t ggml_type_size(enum ggml_type) { not_here("ggml_type_size"); }
+const char * ggml_type_name(enum ggml_type) { not_here("ggml_type_name"); }
+size_t ggml_element_size(const struct ggml_tensor *) { not_here("ggml_element_size"); }
+bool ggml_is_contiguous(const struct ggml_tensor *) { not_here("ggml_is_contiguous"); }
+bool ggml_is_contiguous_1(const struct ggml_tensor *) { not_here("ggml_is_contiguous_1"); }
+bool ggml_is_contiguous_rows(const struct ggml_tensor *) { not_here("ggml_is_contiguous_rows"); }
+bool ggml_are_same_shape(const struct ggml_tensor *, const struct ggml_tensor *) { not_here("ggml_are_same_shape"); }
+bool ggml_are_same_stride(const struct ggml_tensor *, const struct ggml_tensor *) { not_here("ggml_are_same_stride"); }
+bool ggml_is_empty(const struct ggml_tensor *) { not_here("ggml_is_empty"); }
+void ggml_rope_yarn_corr_dims(int, int, float, float, float, float[2]) { not_here("ggml_rope_yarn_corr_dims"); }
+}
+void ggml_cuda_error(const char *, const char *, const char *, int, const char *) { not_here("ggml_cuda_error"); }
+const ggml_cuda_device_info & ggml_cuda_info() { not_here("ggml_cuda_info"); }
+void ggml_cuda_set_device(int) { not_here("ggml_cuda_set_device"); }
+int ggml_cuda_get_device() { not_here("ggml_cuda_get_device"); }
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(2); } } while (0)
+
+static uint64_t rng_state = 42;
+static float frand(float lo, float hi) {  // deterministic LCG
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (float) ((rng_state >> 40) & 0xffffff) / (float) 0xffffff;
+}
+template <typename T> static T * dev(const std::vector<T> & h) {
+    T * d;
+    CK(cudaMalloc(&d, h.size() * sizeof(T)));
+    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+static void * dev_nan(size_t bytes) {
+    void * d;
+    CK(cudaMalloc(&d, bytes));
+    CK(cudaMemset(d, 0xff, bytes));  // NaN bits: an output left unwritten shows as a difference
+    return d;
+}
+
+struct rope_case {
+    const char * name;
+    int ncols, ne01, ne02, n_dims, n_offs;
+    bool weight, f16, set_rows;
+    float freq_scale, ext_factor;
+};
+
+static int failures = 0;
+
+template <bool do_multiply, typename D>
+static void run(const rope_case & c) {
+    const int nrows = c.ne01 * c.ne02, n = c.ncols * nrows, cache_rows = 3 * c.ne02 + 5;
+    std::vector<float> hx(n), hw(c.ncols);
+    for (float & v : hx) v = frand(-3.0f, 3.0f);
+    for (float & v : hw) v = frand(0.5f, 1.5f);
+    std::vector<int32_t> hpos(c.ne02);
+    std::vector<int64_t> hidx(c.ne02);
+    for (int t = 0; t < c.ne02; ++t) { hpos[t] = 37 * t + 1000 + (int) frand(0, 30000); hidx[t] = 3 * t + 2; }
+    float * x = dev(hx), * w = dev(hw);
+    int32_t * pos = dev(hpos);
+    int64_t * idx = dev(hidx);
+    const size_t out_elems = c.set_rows ? (size_t) cache_rows * c.ncols * c.ne01 : (size_t) n;
+    D * out_unfused = (D *) dev_nan(out_elems * sizeof(D)), * out_fused = (D *) dev_nan(out_elems * sizeof(D));
+    float * normed = (float *) dev_nan(n * sizeof(float));
+    const float eps = 1e-6f, freq_base = 10000.0f, attn_factor = 1.0f;
+    const rope_corr_dims corr = {{ 5.0f, 27.0f }};
+    const int s1 = c.ncols, s2 = c.ncols * c.ne01, s3 = s2 * c.ne02;
+    const int set_rows_stride = c.set_rows ? c.ncols * c.ne01 : 0;
+    const int64_t * row_indices = c.set_rows ? idx : nullptr;
+    // unfused: the pin's launches (rms_norm_mul_f32_cuda takes the weight-less case to rms_norm_f32_cuda)
+    rms_norm_mul_f32_cuda(x, do_multiply ? w : nullptr, nullptr, normed, c.ncols, c.ne01, c.ne02, 1,
+                          c.ncols, (int64_t) c.ncols * c.ne01, (int64_t) n, 0, 0, 0, c.ncols, 1, 1, 1,
+                          0, 0, 0, 0, 0, 0, 0, eps, 0);
+    rope_norm_cuda<true, float, D>(normed, out_unfused, c.ncols, c.ne01, c.ne02, c.ncols, c.ncols * c.ne01, n, s1, s2, s3,
+                                   c.n_dims, c.n_offs, nrows, pos, c.freq_scale, freq_base, c.ext_factor, attn_factor, corr,
+                                   nullptr, row_indices, set_rows_stride, false, 0);
+    rms_norm_rope_norm_offs_cuda<do_multiply, false, D>(x, do_multiply ? w : nullptr, out_fused, c.ncols, nrows, eps, c.ne01,
+                                   c.ne02, s1, s2, s3, c.n_dims, c.n_offs, pos, c.freq_scale, freq_base, c.ext_factor,
+                                   attn_factor, corr, nullptr, row_indices, set_rows_stride, 0);
+    CK(cudaDeviceSynchronize());
+    std::vector<D> a(out_elems), b(out_elems);
+    CK(cudaMemcpy(a.data(), out_unfused, out_elems * sizeof(D), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b.data(), out_fused, out_elems * sizeof(D), cudaMemcpyDeviceToHost));
+    size_t diff = 0, first = 0, written = 0;
+    for (size_t i = 0; i < out_elems; ++i) {
+        const bool unwritten = sizeof(D) == 4 ? *(const uint32_t *) &a[i] == 0xffffffffu : *(const uint16_t *) &a[i] == 0xffffu;
+        written += !unwritten;
+        if (memcmp(&a[i], &b[i], sizeof(D)) != 0 && diff++ == 0) first = i;
+    }
+    printf("%-44s %6zu values %s", c.name, written, diff ? "DIFFER" : "bit-identical");
+    if (diff) {
+        printf(": %zu, first at %zu", diff, first);
+        failures++;
+    }
+    if (written != (size_t) n) {
+        printf("  (expected %d written values)", n);
+        failures++;
+    }
+    printf("\n");
+    CK(cudaFree(x)); CK(cudaFree(w)); CK(cudaFree(pos)); CK(cudaFree(idx));
+    CK(cudaFree(out_unfused)); CK(cudaFree(out_fused)); CK(cudaFree(normed));
+}
+
+int main() {
+    const rope_case cases[] = {
+        { "q: 64 x 512, 1 token, no weight",              512, 64, 1, 64, 448, false, false, false, 1.0f,  0.0f },
+        { "q: 64 x 512, 7 tokens, no weight",             512, 64, 7, 64, 448, false, false, false, 1.0f,  0.0f },
+        { "kv: 512, 1 token, weight, F16 cache rows",     512,  1, 1, 64, 448, true,  true,  true,  1.0f,  0.0f },
+        { "kv: 512, 9 tokens, weight, F16 cache rows",    512,  1, 9, 64, 448, true,  true,  true,  1.0f,  0.0f },
+        { "compressor: 512, YaRN, weight, F16 rows",      512,  1, 2, 64, 448, true,  true,  true,  0.25f, 1.0f },
+        { "indexer compressor: 128, weight, F32 rows",    128,  1, 3, 64,  64, true,  false, true,  1.0f,  0.0f },
+        { "q: YaRN, 8 x 512, 3 tokens, no weight",        512,  8, 3, 64, 448, false, false, false, 0.25f, 1.0f },
+        { "wide: 2048 (1024 threads), weight, F32",      2048,  2, 2, 64, 1984, true, false, false, 1.0f,  0.0f },
+    };
+    for (const rope_case & c : cases) {
+        if (c.weight) {
+            c.f16 ? run<true, half>(c) : run<true, float>(c);
+        } else {
+            c.f16 ? run<false, half>(c) : run<false, float>(c);
+        }
+    }
+    printf("%s\n", failures ? "FAILED" : "all bit-identical");
+    return failures ? 1 : 0;
+}
