@@ -69,7 +69,7 @@ def kernel_table(text: str, by_launch: bool = False) -> dict[str, tuple[int, flo
 
 
 # What holds a kernel (ncu per launch, kernel replay): scripts/gpu-decode's ncufull stage asks for these by name and
-# for the stall reasons by pattern; ``--set full`` (details page) is the fallback when a name is unknown to that ncu.
+# for the stall reasons by pattern; four sections of the details page are the fallback when a name is unknown to that ncu.
 LAUNCH_METRICS = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
                   "sm__throughput.avg.pct_of_peak_sustained_elapsed", "l1tex__throughput.avg.pct_of_peak_sustained_active",
                   "sm__warps_active.avg.pct_of_peak_sustained_active", "launch__registers_per_thread",
@@ -151,10 +151,12 @@ def profile_launches(llama_bench: Path, model: str | os.PathLike[str], log_dir: 
                      kernels: str = "regex:mul_mat_vec_q", count: int = 80,
                      extra_args: tuple[str, ...] = ("-ngl", "99", "-fa", "1")) -> dict:
     """ncu per launch (kernel replay, CUDA graphs off) on one ``-n 1`` llama-bench run: ``launch_metrics`` of the
-    first ``count`` launches matching ``kernels``, with LAUNCH_METRICS; ``--set full`` when that ncu rejects a name.
-    Returns {"how": "metrics" | "full", "shapes": ...}; the CSV files stay in ``log_dir``."""
+    first ``count`` launches matching ``kernels``, with LAUNCH_METRICS, or with four sections of the details page (their
+    metrics by display name) when that ncu rejects a name. Returns {"how": "metrics" | "sections", "shapes": ...}; the
+    CSV files stay in ``log_dir``."""
     tried = []
-    for how, what in (("metrics", ["--metrics", ",".join(LAUNCH_METRICS)]), ("full", ["--set", "full"])):
+    sections = [arg for name in ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats") for arg in ("--section", name)]
+    for how, what in (("metrics", ["--metrics", ",".join(LAUNCH_METRICS)]), ("sections", sections)):
         log = Path(log_dir) / f"ncu-launches-{how}.csv"
         cmd = ["ncu", *what, "-k", kernels, "--launch-count", str(count), "--csv", "--print-units", "base",
                "--log-file", str(log), str(llama_bench), "-m", str(model), "-p", "0", "-n", "1", "-r", "1",
