@@ -34,9 +34,21 @@ bool ggml_is_empty(const struct ggml_tensor *) { not_here("ggml_is_empty"); }
 void ggml_rope_yarn_corr_dims(int, int, float, float, float, float[2]) { not_here("ggml_rope_yarn_corr_dims"); }
 }
 void ggml_cuda_error(const char *, const char *, const char *, int, const char *) { not_here("ggml_cuda_error"); }
-const ggml_cuda_device_info & ggml_cuda_info() { not_here("ggml_cuda_info"); }
 void ggml_cuda_set_device(int) { not_here("ggml_cuda_set_device"); }
-int ggml_cuda_get_device() { not_here("ggml_cuda_get_device"); }
+// ggml_cuda_kernel_launch (the pin's rms_norm launches) asks for the device and its compute capability
+int ggml_cuda_get_device() { int d = 0; cudaGetDevice(&d); return d; }
+const ggml_cuda_device_info & ggml_cuda_info() {
+    static ggml_cuda_device_info info = [] {
+        ggml_cuda_device_info i = {};
+        i.device_count = 1;
+        int major = 0, minor = 0;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+        i.devices[0].cc = 100 * major + 10 * minor;
+        return i;
+    }();
+    return info;
+}
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(2); } } while (0)
 

@@ -77,7 +77,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     patches = raw.get("patches") or [name for s in steps for name in s.get("patches", [])]
     out = {"gpu": raw.get("gpu"), "patches": patches, "build_seconds": [s.get("seconds") for s in
            steps], "rows": rows, "kernels": kernels, "test_backend_ops": op_rows,
-           **({k: raw[k] for k in ("column_notes", "ncu_note") if raw.get(k)}),
+           **({k: raw[k] for k in ("column_notes", "ncu_note", "ops_note") if raw.get(k)}),
            "command": "scripts/gpu-decode --src .carry/llama.cpp-src.tar.gz build models bench ncu ops  (GPU machine; "
                       "then scripts/gpu-decode report; docs/gpu-report.md, Decode path)"}
     if raw.get("tokens"):
@@ -88,8 +88,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     if raw.get("concurrency"):
         out["concurrency"] = _concurrency(raw["concurrency"])
     if raw.get("earlier_runs"):
-        out["earlier_runs"] = [{k: v for k, v in summarize(e).items() if k in ("patches", "rows", "kernels", "test_backend_ops")}
-                               for e in raw["earlier_runs"]]
+        out["earlier_runs"] = [{k: v for k, v in summarize(e).items() if k in ("patches", "rows", "kernels", "test_backend_ops",
+                                                                             "concurrency")} for e in raw["earlier_runs"]]
     return out
 
 
@@ -105,6 +105,14 @@ def _concurrency(conc: dict[str, Any]) -> dict[str, Any]:
         ratio = round((sum(patched) / len(patched)) / (sum(pin) / len(pin)), 3) if pin and patched else None
         rows.append({"streams": n, "pin_tps": pin, "patched_tps": patched, "ratio_of_means": ratio})
     return {"model": conc.get("model"), "rows": rows}
+
+
+def _concurrency_table(c: dict[str, Any], when: str) -> list[str]:
+    return [f"\nAggregate decode under concurrency{when} ({c['model']}, scripts/gpu-concurrency: `pyllm bench --url` against each "
+            "build's llama-server -np 32, 256-token prompts, 64 tokens, runs in the order pin, patched, patched, pin):\n",
+            "| streams | pin tok/s (2 runs) | patched tok/s (2 runs) | ratio of means |", "| ---: | --- | --- | ---: |"] + [
+            f"| {r['streams']} | {', '.join(map(str, r['pin_tps']))} | {', '.join(map(str, r['patched_tps']))} | {r['ratio_of_means']} |"
+            for r in c["rows"]]
 
 
 def section(summary: dict[str, Any] | None) -> str:
@@ -150,24 +158,23 @@ build in the same run, two interleaved rounds; {summary['gpu']}. Patches: {', '.
             cell = lambda x: (f"{x['passed']} passed, {x['failed']} failed" + (f" ({', '.join(x['env'])})" if x.get("env") else "")  # noqa: E731
                               if x else "-")
             out.append(f"| {op} | {cell(v.get('pin'))} | {cell(v.get('patched'))} |")
+    if ops and summary.get("ops_note"):
+        out.append(f"\n{summary['ops_note']}")
     if summary.get("greedy_tokens"):
         g = summary["greedy_tokens"]
         out.append(f"\nGreedy tokens (scripts/gpu-token-check: tiny and 4-layer V4, 8- and 300-token prompts, 48 tokens, -ub 64): "
                    f"{'every build equal to the pin' if g['all_equal_to_pin'] else 'differ: ' + ', '.join(g['differing'])} "
                    f"({g['cases']} cases)." + (f" {g['note']}" if g.get("note") else ""))
     if summary.get("concurrency"):
-        c = summary["concurrency"]
-        out += [f"\nAggregate decode under concurrency ({c['model']}, scripts/gpu-concurrency: `pyllm bench --url` against each "
-                "build's llama-server -np 32, 256-token prompts, 64 tokens, runs in the order pin, patched, patched, pin):\n",
-                "| streams | pin tok/s (2 runs) | patched tok/s (2 runs) | ratio of means |", "| ---: | --- | --- | ---: |"]
-        out += [f"| {r['streams']} | {', '.join(map(str, r['pin_tps']))} | {', '.join(map(str, r['patched_tps']))} | {r['ratio_of_means']} |"
-                for r in c["rows"]]
+        out += _concurrency_table(summary["concurrency"], "")
     for e in summary.get("earlier_runs", []):
         out += [f"\nAn earlier run (patches up to {e['patches'][-1][:4]}, each level its own build), decode tokens/s:\n",
                 "| build | 43 layers | 4 layers |", "| --- | ---: | ---: |"]
         big = next((r for r in e["rows"] if r["layers"] == 43), {"levels": {}})
         small = next((r for r in e["rows"] if r["layers"] == 4), {"levels": {}})
         out += [f"| {c} | {v['decode_tps']} | {small['levels'].get(c, {}).get('decode_tps', '-')} |" for c, v in big["levels"].items()]
+        if e.get("concurrency"):
+            out += _concurrency_table(e["concurrency"], " in that run")
         ops = e.get("test_backend_ops") or {}
         if ops:
             out.append("\ntest-backend-ops in that run (pin / patched): " + "; ".join(
