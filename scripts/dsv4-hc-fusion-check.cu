@@ -1,5 +1,6 @@
-// Patch 0022's fused DeepSeek-V4 hyper-connection kernels (with 0025's faster norm + mixes kernel) and 0026's RMS_NORM +
-// MUL + q8_1 copy against the kernels they replace, bit for bit, on a GPU.
+// Patch 0022's fused DeepSeek-V4 hyper-connection kernels (with 0025's faster norm + mixes kernel), 0026's RMS_NORM +
+// MUL + q8_1 copy and 0033's compressor pooling with its window read ahead against the kernels they replace, bit for
+// bit, on a GPU.
 //
 // Each fused kernel claims to form every value with the unfused kernels' float operations in their order. This program
 // runs both sides on the same random inputs (V4 shapes: n_embd 4096, 4 streams, 24 mixes; 1 and 64 tokens) and counts
@@ -140,7 +141,41 @@ static void check_norm_q8_1(int ncols, int nrows) {
     compare(what, q_ref, q_fused, q_floats);  // q8_1 blocks are 36 bytes: whole floats
 }
 
+// 0033: dsv4_compress_pool_f32 (one thread per channel walking its window) vs dsv4_compress_pool_ahead_f32 (the same
+// walk with the window's loads issued ahead), on state rows (base), this ubatch's rows (cur) and indices that include
+// rows outside both (a score of -inf, as the appended zero row)
+template <bool overlap>
+static void check_pool(int ratio, int64_t D, int64_t n_blocks, int64_t n_base, int64_t n_cur) {
+    const int64_t W = overlap ? 2 * D : D;  // a row holds both halves of the overlapping window
+    const float * base_kv = dev(rand_vec(n_base * W, -2.0f, 2.0f)), * cur_kv = dev(rand_vec(n_cur * W, -2.0f, 2.0f));
+    const float * base_sc = dev(rand_vec(n_base * W, -6.0f, 6.0f)), * cur_sc = dev(rand_vec(n_cur * W, -6.0f, 6.0f));
+    const int n_idx = (overlap ? 2 : 1) * ratio * n_blocks;
+    std::vector<int32_t> h_idx(n_idx);
+    for (int i = 0; i < n_idx; ++i) {
+        h_idx[i] = (int32_t) (frand(0.0f, 1.0f) * (n_base + n_cur + 2)) - 1;  // -1 .. n_base + n_cur: some out of range
+    }
+    int32_t * idx;
+    CK(cudaMalloc(&idx, n_idx * sizeof(int32_t)));
+    CK(cudaMemcpy(idx, h_idx.data(), n_idx * sizeof(int32_t), cudaMemcpyHostToDevice));
+    float * ref = dev_zero(D * n_blocks), * ahead = dev_zero(D * n_blocks);
+    dsv4_compress_pool_f32<overlap><<<dim3(n_blocks, (D + 127) / 128, 1), 128>>>(base_kv, cur_kv, base_sc, cur_sc, idx, ref,
+        ratio, D, n_blocks, n_base, n_cur, W, W, W, W, D);
+    dsv4_compress_pool_ahead_f32<overlap><<<dim3(n_blocks, (D + WARP_SIZE - 1) / WARP_SIZE, 1), WARP_SIZE>>>(base_kv, cur_kv,
+        base_sc, cur_sc, idx, ahead, ratio, D, n_blocks, n_base, n_cur, W, W, W, W, D);
+    char what[96];
+    snprintf(what, sizeof(what), "pool: ratio %d%s, %lld channels, %lld blocks", ratio, overlap ? " overlap" : "",
+             (long long) D, (long long) n_blocks);
+    compare(what, ref, ahead, D * n_blocks);
+}
+
 int main() {
+    printf("== compressor pooling, window read ahead (0033)\n");
+    check_pool<false>(128, 512, 1, 128, 1);   // HCA at decode: the state's 128 rows, one new row
+    check_pool<false>(128, 512, 3, 300, 64);  // HCA in a prompt
+    check_pool<true>(4, 512, 1, 8, 1);        // CSA (overlapping windows), attention and ...
+    check_pool<true>(4, 128, 5, 8, 20);       // ... the indexer's compressor, several blocks
+    check_pool<false>(4, 100, 2, 4, 3);       // a channel count that is not a multiple of 32
+
     printf("== RMS_NORM + MUL + q8_1 copy\n");
     check_norm_q8_1<1024>(N_EMBD, 1);
     check_norm_q8_1<1024>(N_EMBD, 4);

@@ -1,0 +1,26 @@
+"""The switches of scripts/gpu-decode's bench columns (``BUILD+SWITCH[+SWITCH...]``, issue 23).
+
+Each names the environment that turns one of our CUDA patches off (or an opt-in one on) inside the same binary, so
+one build measures both sides in the same run; scripts/gpu-token-check takes the same names.
+"""
+
+from __future__ import annotations
+
+# name: (environment, what it does)
+SWITCHES: dict[str, tuple[dict[str, str], str]] = {
+    "GRAPH_OPT": ({"GGML_CUDA_GRAPH_OPT": "1"}, "the pin's multi-stream graph optimisation"),
+    "UNFUSED": ({"LLAMA_DSV4_UNFUSED_COMPRESS": "1"}, "0013 off: the compressor's pooling as the pin's op chain"),
+    "POOLSPLIT": ({"GGML_CUDA_DSV4_POOL_SPLIT": "1"}, "0017's split-window pooling (opt-in, not exact)"),
+    "HC": ({"GGML_CUDA_DSV4_HC_FUSION": "1"}, "0022's hyper-connection fusions on"),
+    "NOHC": ({"GGML_CUDA_DSV4_HC_FUSION": "0"}, "0022's hyper-connection fusions off"),
+    "NOROWS": ({"GGML_CUDA_DISABLE_GET_ROWS_FUSION": "1"}, "0023 and 0027 off"),
+    "NONORMQ8": ({"GGML_CUDA_DISABLE_NORM_Q8_1": "1"}, "0026 off: the norm writes no q8_1 copy"),
+    "SLOTS1": ({"GGML_CUDA_MMVQ_SRC1_SLOTS": "1"}, "0028 off: one src1 cache slot"),
+    "MOEROWS": ({"GGML_CUDA_MMVQ_MOE_MULTI_ROW_ALL": "1"}, "0029 on: the multi-row MUL_MAT_ID launch for every row"),
+    **{f"DENSEROWS{n}": ({"GGML_CUDA_MMVQ_DENSE_MULTI_ROW": str(n)},
+                         "0030 off" if n == 0 else f"0030 for dense rows of up to {n} K iterations") for n in (0, 2, 4, 8)},
+    "GLUALIAS": ({"GGML_CUDA_MMVQ_GLU_OVER_SRC1": "1"}, "0031 on: gate+up+GLU fused over the dead activation"),
+    "NOROPEFUSE": ({"GGML_CUDA_DISABLE_ROPE_OFFS_FUSION": "1"}, "0032 off: norm and rope as two kernels"),
+    "POOLSERIAL": ({"GGML_CUDA_DSV4_POOL_SERIAL": "1"}, "0033 off: 0013's serial pooling kernel"),
+}
+ENV_COLUMNS: dict[str, dict[str, str]] = {name: env for name, (env, _) in SWITCHES.items()}

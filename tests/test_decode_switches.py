@@ -1,0 +1,20 @@
+"""scripts/gpu-decode's bench switches (pyllm_a100.bench.decode_switches) name variables that our patches read."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PIN_OWN = {"GGML_CUDA_GRAPH_OPT"}  # read by the pin itself (ggml-cuda.cu), not by a patch of ours
+
+
+def test_every_switch_names_a_variable_a_patch_reads() -> None:
+    sys.path.insert(0, str(REPO))
+    from pyllm_a100.bench.decode_switches import ENV_COLUMNS, SWITCHES
+
+    patches = "".join(p.read_text() for folder in ("patches", "patches-next") for p in (REPO / "vendor" / folder).glob("*.patch"))
+    added = "\n".join(line for line in patches.splitlines() if line.startswith("+"))  # what our patches add
+    unread = sorted(var for env in ENV_COLUMNS.values() for var in env if var not in PIN_OWN and f'"{var}"' not in added)
+    assert not unread, f"switch variables no patch reads: {unread}"
+    assert all(what for _, what in SWITCHES.values())
