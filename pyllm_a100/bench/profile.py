@@ -86,14 +86,12 @@ def launch_metrics(text: str) -> dict[str, dict[str, dict[str, float]]]:
     if start < 0:
         raise ProfileError("ncu printed no metric table (no CSV header): was the GPU visible, and did llama-bench run?")
     per_launch: dict[tuple[str, str], dict[str, float]] = {}
-    shape_of: dict[str, str] = {}
     for row in csv.DictReader(io.StringIO(text[start:])):
         try:
             value = float((row.get("Metric Value") or "").replace(",", ""))
         except ValueError:
             continue
         shape = f"{row.get('Kernel Name', '').split('(')[0]} grid{row.get('Grid Size', '')}"
-        shape_of[row["ID"]] = shape
         per_launch.setdefault((shape, row["ID"]), {})[row["Metric Name"]] = value
     out: dict[str, dict] = {}
     for (shape, _), metrics in per_launch.items():
@@ -162,7 +160,7 @@ def profile_launches(llama_bench: Path, model: str | os.PathLike[str], log_dir: 
                "--log-file", str(log), str(llama_bench), "-m", str(model), "-p", "0", "-n", "1", "-r", "1",
                "--no-warmup", *extra_args]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                                env=dict(os.environ, CUDA_CACHE_MAXSIZE="4294967296", GGML_CUDA_DISABLE_GRAPHS="1", **env))
+                                env={**os.environ, "CUDA_CACHE_MAXSIZE": "4294967296", "GGML_CUDA_DISABLE_GRAPHS": "1", **env})
         (Path(log_dir) / f"ncu-launches-{how}.stdout").write_text(result.stdout + result.stderr)
         try:
             return {"how": how, "shapes": launch_metrics(log.read_text(errors="replace") if log.exists() else "")}
