@@ -14,7 +14,8 @@
 //        scripts/dsv4-hc-fusion-check.cu -o dsv4-hc-fusion-check
 //   CUDA_CACHE_MAXSIZE=4294967296 ./dsv4-hc-fusion-check      # exit 0: every fused output equals the unfused one
 //
-// (The included files' host-side ops reference ggml functions that this program never calls: stubs below abort.)
+// (The included files' host-side ops reference ggml functions that this program never calls: the stubs in
+// scripts/fusion-check-stubs.cuh abort, as the ones it shares with scripts/dsv4-rope-fusion-check.cu.)
 #include "norm.cu"
 #include "quantize.cu"
 #include "mmvf.cu"
@@ -25,25 +26,7 @@
 #include <cstring>
 #include <vector>
 
-// the ggml and ggml-cuda functions the included host-side ops refer to; never called here
-[[noreturn]] static void not_here(const char * f) { fprintf(stderr, "%s is not part of this check\n", f); abort(); }
-extern "C" {
-void ggml_abort(const char *, int, const char *, ...) { not_here("ggml_abort"); }
-int64_t ggml_nelements(const struct ggml_tensor *) { not_here("ggml_nelements"); }
-int64_t ggml_nrows(const struct ggml_tensor *) { not_here("ggml_nrows"); }
-size_t ggml_type_size(enum ggml_type) { not_here("ggml_type_size"); }
-const char * ggml_type_name(enum ggml_type) { not_here("ggml_type_name"); }
-size_t ggml_element_size(const struct ggml_tensor *) { not_here("ggml_element_size"); }
-bool ggml_is_contiguous(const struct ggml_tensor *) { not_here("ggml_is_contiguous"); }
-bool ggml_is_contiguous_1(const struct ggml_tensor *) { not_here("ggml_is_contiguous_1"); }
-bool ggml_are_same_shape(const struct ggml_tensor *, const struct ggml_tensor *) { not_here("ggml_are_same_shape"); }
-bool ggml_are_same_stride(const struct ggml_tensor *, const struct ggml_tensor *) { not_here("ggml_are_same_stride"); }
-enum ggml_unary_op ggml_get_unary_op(const struct ggml_tensor *) { not_here("ggml_get_unary_op"); }
-}
-void ggml_cuda_error(const char *, const char *, const char *, int, const char *) { not_here("ggml_cuda_error"); }
-const ggml_cuda_device_info & ggml_cuda_info() { not_here("ggml_cuda_info"); }
-void ggml_cuda_set_device(int) { not_here("ggml_cuda_set_device"); }
-int ggml_cuda_get_device() { not_here("ggml_cuda_get_device"); }
+#include "fusion-check-stubs.cuh"
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(2); } } while (0)
 

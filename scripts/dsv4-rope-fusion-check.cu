@@ -17,38 +17,7 @@
 #include <cstring>
 #include <vector>
 
-[[noreturn]] static void not_here(const char * f) { fprintf(stderr, "%s is not part of this check\n", f); abort(); }
-extern "C" {
-void ggml_abort(const char *, int, const char *, ...) { not_here("ggml_abort"); }
-int64_t ggml_nelements(const struct ggml_tensor *) { not_here("ggml_nelements"); }
-int64_t ggml_nrows(const struct ggml_tensor *) { not_here("ggml_nrows"); }
-size_t ggml_type_size(enum ggml_type) { not_here("ggml_type_size"); }
-const char * ggml_type_name(enum ggml_type) { not_here("ggml_type_name"); }
-size_t ggml_element_size(const struct ggml_tensor *) { not_here("ggml_element_size"); }
-bool ggml_is_contiguous(const struct ggml_tensor *) { not_here("ggml_is_contiguous"); }
-bool ggml_is_contiguous_1(const struct ggml_tensor *) { not_here("ggml_is_contiguous_1"); }
-bool ggml_is_contiguous_rows(const struct ggml_tensor *) { not_here("ggml_is_contiguous_rows"); }
-bool ggml_are_same_shape(const struct ggml_tensor *, const struct ggml_tensor *) { not_here("ggml_are_same_shape"); }
-bool ggml_are_same_stride(const struct ggml_tensor *, const struct ggml_tensor *) { not_here("ggml_are_same_stride"); }
-bool ggml_is_empty(const struct ggml_tensor *) { not_here("ggml_is_empty"); }
-void ggml_rope_yarn_corr_dims(int, int, float, float, float, float[2]) { not_here("ggml_rope_yarn_corr_dims"); }
-}
-void ggml_cuda_error(const char *, const char *, const char *, int, const char *) { not_here("ggml_cuda_error"); }
-void ggml_cuda_set_device(int) { not_here("ggml_cuda_set_device"); }
-// ggml_cuda_kernel_launch (the pin's rms_norm launches) asks for the device and its compute capability
-int ggml_cuda_get_device() { int d = 0; cudaGetDevice(&d); return d; }
-const ggml_cuda_device_info & ggml_cuda_info() {
-    static ggml_cuda_device_info info = [] {
-        ggml_cuda_device_info i = {};
-        i.device_count = 1;
-        int major = 0, minor = 0;
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
-        i.devices[0].cc = 100 * major + 10 * minor;
-        return i;
-    }();
-    return info;
-}
+#include "fusion-check-stubs.cuh"
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(2); } } while (0)
 
