@@ -15,7 +15,7 @@
 //   CUDA_CACHE_MAXSIZE=4294967296 ./dsv4-hc-fusion-check      # exit 0: every fused output equals the unfused one
 //
 // (The included files' host-side ops reference ggml functions that this program never calls: the stubs in
-// scripts/fusion-check-stubs.cuh abort, as the ones it shares with scripts/dsv4-rope-fusion-check.cu.)
+// scripts/fusion-check-common.cuh abort; it also holds the helpers both checks use.)
 #include "norm.cu"
 #include "quantize.cu"
 #include "mmvf.cu"
@@ -26,32 +26,13 @@
 #include <cstring>
 #include <vector>
 
-#include "fusion-check-stubs.cuh"
-
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(2); } } while (0)
+#include "fusion-check-common.cuh"
 
 static constexpr int64_t N_EMBD = 4096, HC = 4, MIX = (2 + HC) * HC;
 static constexpr float   EPS = 1e-6f;
 static constexpr int     N_ITER = 20;
 
-static uint64_t rng_state = 42;
-static float frand(float lo, float hi) {  // deterministic LCG
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return lo + (hi - lo) * (float) ((rng_state >> 40) & 0xffffff) / (float) 0xffffff;
-}
-
-static float * dev(const std::vector<float> & h) {
-    float * d;
-    CK(cudaMalloc(&d, h.size() * sizeof(float)));
-    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
-    return d;
-}
-static float * dev_zero(size_t n) {
-    float * d;
-    CK(cudaMalloc(&d, n * sizeof(float)));
-    CK(cudaMemset(d, 0xff, n * sizeof(float)));  // NaN bits: an output left unwritten shows as a difference
-    return d;
-}
+static float * dev_zero(size_t n) { return (float *) dev_nan(n * sizeof(float)); }  // "zero": nothing written yet
 static std::vector<float> host(const float * d, size_t n) {
     std::vector<float> h(n);
     CK(cudaDeviceSynchronize());
@@ -137,9 +118,7 @@ static void check_pool(int ratio, int64_t D, int64_t n_blocks, int64_t n_base, i
     for (int i = 0; i < n_idx; ++i) {
         h_idx[i] = (int32_t) (frand(0.0f, 1.0f) * (n_base + n_cur + 2)) - 1;  // -1 .. n_base + n_cur: some out of range
     }
-    int32_t * idx;
-    CK(cudaMalloc(&idx, n_idx * sizeof(int32_t)));
-    CK(cudaMemcpy(idx, h_idx.data(), n_idx * sizeof(int32_t), cudaMemcpyHostToDevice));
+    int32_t * idx = dev(h_idx);
     float * ref = dev_zero(D * n_blocks), * ahead = dev_zero(D * n_blocks);
     dsv4_compress_pool_f32<overlap><<<dim3(n_blocks, (D + 127) / 128, 1), 128>>>(base_kv, cur_kv, base_sc, cur_sc, idx, ref,
         ratio, D, n_blocks, n_base, n_cur, W, W, W, W, D);

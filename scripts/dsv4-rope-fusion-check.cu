@@ -17,27 +17,7 @@
 #include <cstring>
 #include <vector>
 
-#include "fusion-check-stubs.cuh"
-
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(2); } } while (0)
-
-static uint64_t rng_state = 42;
-static float frand(float lo, float hi) {  // deterministic LCG
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return lo + (hi - lo) * (float) ((rng_state >> 40) & 0xffffff) / (float) 0xffffff;
-}
-template <typename T> static T * dev(const std::vector<T> & h) {
-    T * d;
-    CK(cudaMalloc(&d, h.size() * sizeof(T)));
-    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return d;
-}
-static void * dev_nan(size_t bytes) {
-    void * d;
-    CK(cudaMalloc(&d, bytes));
-    CK(cudaMemset(d, 0xff, bytes));  // NaN bits: an output left unwritten shows as a difference
-    return d;
-}
+#include "fusion-check-common.cuh"
 
 struct rope_case {
     const char * name;

@@ -1,11 +1,13 @@
-// The ggml and ggml-cuda functions that the kernel sources included by scripts/dsv4-*-fusion-check.cu refer to from
-// their host-side ops. The checks launch the kernels directly, so these abort if ever called, except the two that the
-// pin's ggml_cuda_kernel_launch (used by the rms_norm launches the checks compare against) asks: the device and its
-// compute capability. Include after the kernel sources.
+// What scripts/dsv4-*-fusion-check.cu share: the ggml and ggml-cuda functions that the kernel sources they include refer
+// to from their host-side ops (the checks launch the kernels directly, so these abort if ever called, except the two
+// that the pin's ggml_cuda_kernel_launch asks: the device and its compute capability), CUDA error checks, a
+// deterministic random source and device buffers. Include after the kernel sources.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 [[noreturn]] static void not_here(const char * f) { fprintf(stderr, "%s is not part of this check\n", f); abort(); }
 extern "C" {
@@ -38,4 +40,26 @@ const ggml_cuda_device_info & ggml_cuda_info() {
         return i;
     }();
     return info;
+}
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); exit(2); } } while (0)
+
+static uint64_t rng_state = 42;
+static float frand(float lo, float hi) {  // deterministic LCG
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (float) ((rng_state >> 40) & 0xffffff) / (float) 0xffffff;
+}
+
+template <typename T> static T * dev(const std::vector<T> & h) {  // a device copy of h
+    T * d;
+    CK(cudaMalloc(&d, h.size() * sizeof(T)));
+    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void * dev_nan(size_t bytes) {
+    void * d;
+    CK(cudaMalloc(&d, bytes));
+    CK(cudaMemset(d, 0xff, bytes));  // NaN bits: an output left unwritten shows as a difference
+    return d;
 }
