@@ -3,7 +3,8 @@
 // fused ROPE + VIEW + SET_ROWS launch it), on the same random rows. DeepSeek-V4 shapes: q (64 heads of 512, 448
 // channels unrotated, 1 and 7 tokens), kv and the attention compressor (512, weight, F16 cache rows), the indexer's
 // compressor (128, weight, F32 rows), plus a YaRN case (ext_factor != 0) and a row of 2048 (the 1024-thread kernel).
-// Built like scripts/dsv4-hc-fusion-check.cu (its header), from a tree with vendor/patches (and 0032) applied:
+// Then patch 0035's RMS_NORM + MUL + q8_1 kernel with its columns in registers against 0026's, rows of 512 to 8192.
+// Built like scripts/dsv4-hc-fusion-check.cu (its header), from a tree with vendor/patches (0001-0035) applied:
 //
 //   T=llama.cpp/ggml/src/ggml-cuda
 //   nvcc -O3 -std=c++17 -use_fast_math -extended-lambda -DGGML_USE_CUDA -DNDEBUG \
@@ -82,6 +83,55 @@ static void run(const rope_case & c) {
     CK(cudaFree(out_unfused)); CK(cudaFree(out_fused)); CK(cudaFree(normed));
 }
 
+// Patch 0035's rms_norm_mul_q8_1_regs_f32 (columns in registers) against 0026's rms_norm_mul_q8_1_f32 (column by column):
+// the normed output and its q8_1 copy, bit for bit, launched as ggml_cuda_op_rms_norm_mul_q8_1 launches them.
+template <int bs, int np>
+static void norm_q8_regs(const float * x, float * dst, block_q8_1 * q8, int ncols, int nrows, const float * w, int w_rows) {
+    rms_norm_mul_q8_1_regs_f32<bs, np><<<nrows, bs, 32 * sizeof(float)>>>(x, dst, q8, ncols, ncols, 1e-6f, w, ncols,
+        init_fastdiv_values(ncols), init_fastdiv_values(w_rows));
+}
+
+static void run_norm_q8(const char * name, int ncols, int nrows, int w_rows) {
+    const int n = ncols * nrows, nq = n / QK8_1, bs = ncols < 1024 ? 256 : 1024, np = rms_norm_mul_q8_1_nper(ncols, bs);
+    std::vector<float> hx(n), hw((size_t) ncols * w_rows);
+    for (float & v : hx) v = frand(-3.0f, 3.0f);
+    for (int i = 0; i < 97 && i < n; ++i) hx[(size_t) i * 131 % n] = 0.0f;  // zeros, and below one all-zero q8_1 block
+    for (int i = 0; i < QK8_1; ++i) hx[QK8_1 + i] = 0.0f;
+    for (float & v : hw) v = frand(0.5f, 1.5f);
+    float * x = dev(hx), * w = dev(hw);
+    float * dst_a = (float *) dev_nan(n * sizeof(float)), * dst_b = (float *) dev_nan(n * sizeof(float));
+    block_q8_1 * q_a = (block_q8_1 *) dev_nan(nq * sizeof(block_q8_1)), * q_b = (block_q8_1 *) dev_nan(nq * sizeof(block_q8_1));
+    auto serial = [&](auto kernel) {
+        kernel<<<nrows, bs, 32 * sizeof(float)>>>(x, dst_a, q_a, ncols, ncols, 1e-6f, w, ncols, init_fastdiv_values(ncols),
+                                                 init_fastdiv_values(w_rows));
+    };
+    bs == 256 ? serial(rms_norm_mul_q8_1_f32<256>) : serial(rms_norm_mul_q8_1_f32<1024>);
+    switch (bs * 16 + np) {
+        case  256*16 + 1: norm_q8_regs< 256, 1>(x, dst_b, q_b, ncols, nrows, w, w_rows); break;
+        case  256*16 + 2: norm_q8_regs< 256, 2>(x, dst_b, q_b, ncols, nrows, w, w_rows); break;
+        case  256*16 + 4: norm_q8_regs< 256, 4>(x, dst_b, q_b, ncols, nrows, w, w_rows); break;
+        case 1024*16 + 1: norm_q8_regs<1024, 1>(x, dst_b, q_b, ncols, nrows, w, w_rows); break;
+        case 1024*16 + 2: norm_q8_regs<1024, 2>(x, dst_b, q_b, ncols, nrows, w, w_rows); break;
+        case 1024*16 + 4: norm_q8_regs<1024, 4>(x, dst_b, q_b, ncols, nrows, w, w_rows); break;
+        case 1024*16 + 8: norm_q8_regs<1024, 8>(x, dst_b, q_b, ncols, nrows, w, w_rows); break;
+        default: printf("%-44s no registers kernel for %d columns (nper %d)\n", name, ncols, np); failures++; return;
+    }
+    CK(cudaDeviceSynchronize());
+    std::vector<float> a(n), b(n);
+    std::vector<block_q8_1> qa(nq), qb(nq);
+    CK(cudaMemcpy(a.data(), dst_a, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(b.data(), dst_b, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(qa.data(), q_a, nq * sizeof(block_q8_1), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(qb.data(), q_b, nq * sizeof(block_q8_1), cudaMemcpyDeviceToHost));
+    const size_t diff = (memcmp(a.data(), b.data(), n * sizeof(float)) != 0) + (memcmp(qa.data(), qb.data(), nq * sizeof(block_q8_1)) != 0);
+    size_t unwritten = 0;
+    for (float v : a) unwritten += *(const uint32_t *) &v == 0xffffffffu;
+    printf("%-44s %6d values %s (%d threads, %d per thread)\n", name, n, diff ? "DIFFER" : "bit-identical", bs, np);
+    failures += diff != 0 || unwritten != 0;
+    if (unwritten) printf("  %zu values unwritten\n", unwritten);
+    CK(cudaFree(x)); CK(cudaFree(w)); CK(cudaFree(dst_a)); CK(cudaFree(dst_b)); CK(cudaFree(q_a)); CK(cudaFree(q_b));
+}
+
 int main() {
     const rope_case cases[] = {
         { "q: 64 x 512, 1 token, no weight",              512, 64, 1, 64, 448, false, false, false, 1.0f,  0.0f },
@@ -100,6 +150,14 @@ int main() {
             c.f16 ? run<false, half>(c) : run<false, float>(c);
         }
     }
+    run_norm_q8("norm+q8_1: 4096, 1 token",                 4096, 1, 1);
+    run_norm_q8("norm+q8_1: 4096, 7 tokens",                4096, 7, 1);
+    run_norm_q8("norm+q8_1: 1024 (q_a), 1 token",           1024, 1, 1);
+    run_norm_q8("norm+q8_1: 512, 3 tokens, a weight per row", 512, 3, 3);
+    run_norm_q8("norm+q8_1: 2048, 2 tokens",                2048, 2, 1);
+    run_norm_q8("norm+q8_1: 3072 (a partial last column)",  3072, 1, 1);
+    run_norm_q8("norm+q8_1: 7168 (DeepSeek-V3), 1 token",   7168, 1, 1);
+    run_norm_q8("norm+q8_1: 8192, 8 tokens",                8192, 8, 1);
     printf("%s\n", failures ? "FAILED" : "all bit-identical");
     return failures ? 1 : 0;
 }

@@ -23,5 +23,6 @@ SWITCHES: dict[str, tuple[dict[str, str], str]] = {
     "NOROPEFUSE": ({"GGML_CUDA_DISABLE_ROPE_OFFS_FUSION": "1"}, "0032 off: norm and rope as two kernels"),
     "POOLSERIAL": ({"GGML_CUDA_DSV4_POOL_SERIAL": "1"}, "0033 off: 0013's serial pooling kernel"),
     "OCCUPANCY": ({"GGML_CUDA_MMVQ_OCCUPANCY": "1"}, "0034 on: one-token dense MMVQ at 10 blocks per SM (48 registers)"),
+    "NORMQ8SERIAL": ({"GGML_CUDA_NORM_Q8_SERIAL": "1"}, "0035 off: 0026's column-by-column norm + q8_1 kernel"),
 }
 ENV_COLUMNS: dict[str, dict[str, str]] = {name: env for name, (env, _) in SWITCHES.items()}
