@@ -24,5 +24,6 @@ SWITCHES: dict[str, tuple[dict[str, str], str]] = {
     "POOLSERIAL": ({"GGML_CUDA_DSV4_POOL_SERIAL": "1"}, "0033 off: 0013's serial pooling kernel"),
     "OCCUPANCY": ({"GGML_CUDA_MMVQ_OCCUPANCY": "1"}, "0034 on: one-token dense MMVQ at 10 blocks per SM (48 registers)"),
     "NORMQ8SERIAL": ({"GGML_CUDA_NORM_Q8_SERIAL": "1"}, "0035 off: 0026's column-by-column norm + q8_1 kernel"),
+    "MXFP4SPLIT": ({"GGML_CUDA_MMVQ_MXFP4_PAIR": "0"}, "0036 off: the MXFP4 up and gate dot products as two calls"),
 }
 ENV_COLUMNS: dict[str, dict[str, str]] = {name: env for name, (env, _) in SWITCHES.items()}
