@@ -1,6 +1,6 @@
 // Patch 0022's fused DeepSeek-V4 hyper-connection kernels (with 0025's faster norm + mixes kernel), 0026's RMS_NORM +
-// MUL + q8_1 copy and 0033's compressor pooling with its window read ahead against the kernels they replace, bit for
-// bit, on a GPU.
+// MUL + q8_1 copy, 0033's compressor pooling with its window read ahead and 0038's launches of the hc_post and FFN-half
+// kernels against the kernels they replace, bit for bit, on a GPU.
 //
 // Each fused kernel claims to form every value with the unfused kernels' float operations in their order. This program
 // runs both sides on the same random inputs (V4 shapes: n_embd 4096, 4 streams, 24 mixes; 1 and 64 tokens) and counts
@@ -198,10 +198,13 @@ int main() {
 
         if (nt == 1) {
             // post: gate + comb + hc_post vs dsv4_hc_post_gate_comb_f32
-            float * post_fused = dev_zero(N_EMBD * HC);
-            dsv4_hc_post_gate_comb_f32<<<blocks_post, 256>>>(layer, x, gate_fused(mixes, scale, base, 1, 2.0f, 0.0f),
+            float * post_fused = dev_zero(N_EMBD * HC), * post_preload = dev_zero(N_EMBD * HC);
+            dsv4_hc_post_gate_comb_f32<false><<<blocks_post, 256>>>(layer, x, gate_fused(mixes, scale, base, 1, 2.0f, 0.0f),
                 mixes, scale, base, 1, MIX, 1, 1, EPS, N_ITER, post_fused, N_EMBD, 1, 1, N_EMBD, 1, N_EMBD);
             compare("post: gate + comb + hc_post", post_ref, post_fused, N_EMBD * HC);
+            dsv4_hc_post_gate_comb_f32<true><<<blocks_post, 256>>>(layer, x, gate_fused(mixes, scale, base, 1, 2.0f, 0.0f),
+                mixes, scale, base, 1, MIX, 1, 1, EPS, N_ITER, post_preload, N_EMBD, 1, 1, N_EMBD, 1, N_EMBD);
+            compare("post: the same with 0038's loads first", post_ref, post_preload, N_EMBD * HC);
 
             // ffn: post gate, comb, pre gate, hc_pre in one kernel (post and comb written too)
             float * ffn_post = dev_zero(HC), * ffn_comb = dev_zero(HC * HC), * ffn_pre = dev_zero(N_EMBD);
@@ -211,6 +214,14 @@ int main() {
             compare("ffn: the post gate it writes", post_w, ffn_post, HC);
             compare("ffn: the comb it writes", comb, ffn_comb, HC * HC);
             compare("ffn: hc_pre", pre_ref, ffn_pre, N_EMBD);
+            // 0038's launch: one block more, which only writes the post gate and the comb
+            float * ffn2_post = dev_zero(HC), * ffn2_comb = dev_zero(HC * HC), * ffn2_pre = dev_zero(N_EMBD);
+            dsv4_hc_pre_gate_post_comb_f32<<<(N_EMBD + 255) / 256 + 1, 256>>>(x, gate_fused(mixes, scale, base, 0, 1.0f, EPS),
+                gate_fused(mixes, scale, base, 1, 2.0f, 0.0f), mixes, scale, base, 1, MIX, 1, 1, EPS, N_ITER,
+                ffn2_post, ffn2_comb, 1, HC, ffn2_pre, N_EMBD, 1, N_EMBD, 1, 1.0f);
+            compare("ffn, comb in its own block: the post gate", post_w, ffn2_post, HC);
+            compare("ffn, comb in its own block: the comb", comb, ffn2_comb, HC * HC);
+            compare("ffn, comb in its own block: hc_pre", pre_ref, ffn2_pre, N_EMBD);
         }
 
         // add: ADD then hc_post vs dsv4_hc_post_add_f32
