@@ -74,7 +74,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
                 continue
             op_rows.setdefault(op, {})[build] = {"passed": v["ok"], "failed": v["fail"], **({"env": env} if env else {})}
     steps = (raw.get("build") or {}).get("steps", [])
-    patches = raw.get("patches") or [name for s in steps for name in s.get("patches", [])]
+    # the patches the run's builds applied (a run's "patches" field once listed a stale folder: the fifth run's said 0027)
+    patches = [name for s in steps for name in s.get("patches", [])] or raw.get("patches")
     out = {"gpu": raw.get("gpu"), "patches": patches, "build_seconds": [s.get("seconds") for s in
            steps], "rows": rows, "kernels": kernels, "test_backend_ops": op_rows,
            **({k: raw[k] for k in ("column_notes", "ncu_note", "ops_note") if raw.get(k)}),
@@ -87,6 +88,12 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
                                 **({"note": raw["tokens"]["note"]} if raw["tokens"].get("note") else {})}
     if raw.get("concurrency"):
         out["concurrency"] = _concurrency(raw["concurrency"])
+        if raw["concurrency"].get("note"):
+            out["concurrency"]["note"] = raw["concurrency"]["note"]
+    if raw.get("bench_sweep"):  # the run's other bench: one switch at a time against the same pin
+        sweep = raw["bench_sweep"]
+        out["sweep"] = {c: {layers: (sweep.get(layers) or {}).get(c, {}).get("decode_tps") for layers in ("43l", "4l")}
+                        for c in sweep.get("columns", [])}
     if raw.get("earlier_runs"):
         out["earlier_runs"] = [{k: v for k, v in summarize(e).items() if k in ("patches", "rows", "kernels", "test_backend_ops",
                                                                              "concurrency")} for e in raw["earlier_runs"]]
@@ -165,8 +172,14 @@ build in the same run, two interleaved rounds; {summary['gpu']}. Patches: {', '.
         out.append(f"\nGreedy tokens (scripts/gpu-token-check: tiny and 4-layer V4, 8- and 300-token prompts, 48 tokens, -ub 64): "
                    f"{'every build equal to the pin' if g['all_equal_to_pin'] else 'differ: ' + ', '.join(g['differing'])} "
                    f"({g['cases']} cases)." + (f" {g['note']}" if g.get("note") else ""))
+    if summary.get("sweep"):
+        out += ["\nThe run's other bench (the same binaries, one switch at a time), decode tokens/s:\n",
+                "| build | 43 layers | 4 layers |" + (" what it is |" if notes else ""), "| --- | ---: | ---: |" + (" --- |" if notes else "")]
+        out += [f"| {c} | {v['43l']} | {v['4l']} |" + (f" {notes.get(c, '')} |" if notes else "") for c, v in summary["sweep"].items()]
     if summary.get("concurrency"):
         out += _concurrency_table(summary["concurrency"], "")
+        if summary["concurrency"].get("note"):
+            out.append(f"\n{summary['concurrency']['note']}")
     for e in summary.get("earlier_runs", []):
         out += [f"\nAn earlier run (patches up to {e['patches'][-1][:4]}, each level its own build), decode tokens/s:\n",
                 "| build | 43 layers | 4 layers |", "| --- | ---: | ---: |"]
