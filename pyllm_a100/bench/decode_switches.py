@@ -25,9 +25,9 @@ SWITCHES: dict[str, tuple[dict[str, str], str]] = {
     "OCCUPANCY": ({"GGML_CUDA_MMVQ_OCCUPANCY": "1"}, "0034 on: one-token dense MMVQ at 10 blocks per SM (48 registers)"),
     "NORMQ8SERIAL": ({"GGML_CUDA_NORM_Q8_SERIAL": "1"}, "0035 off: 0026's column-by-column norm + q8_1 kernel"),
     "MXFP4SPLIT": ({"GGML_CUDA_MMVQ_MXFP4_PAIR": "0"}, "0036 off: the MXFP4 up and gate dot products as two calls"),
-    "VECD512": ({"GGML_CUDA_FA_VEC_D512": "1"}, "0039 on: one-token D=512 attention on the vector kernel (not bit-identical)"),
-    "HCCOMBSERIAL": ({"GGML_CUDA_DSV4_HC_COMB_SERIAL": "1"}, "0038 off: 0022's hc_post/FFN-half launches (Sinkhorn first)"),
     **{f"FATILES{n}": ({"GGML_CUDA_FA_KV_TILES_PER_BLOCK": str(n)},
                        f"0037 on: each flash-attention block takes up to {n} KV tiles (not bit-identical)") for n in (2, 8)},
+    "HCCOMBSERIAL": ({"GGML_CUDA_DSV4_HC_COMB_SERIAL": "1"}, "0038 off: 0022's hc_post/FFN-half launches (Sinkhorn first)"),
+    "VECD512": ({"GGML_CUDA_FA_VEC_D512": "1"}, "0039 on: one-token D=512 attention on the vector kernel (not bit-identical)"),
 }
 ENV_COLUMNS: dict[str, dict[str, str]] = {name: env for name, (env, _) in SWITCHES.items()}
