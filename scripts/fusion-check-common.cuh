@@ -1,5 +1,6 @@
-// What scripts/dsv4-*-fusion-check.cu share: the ggml and ggml-cuda functions that the kernel sources they include refer
-// to from their host-side ops (the checks launch the kernels directly, so these abort if ever called, except the two
+// What scripts/dsv4-*-fusion-check.cu and dsv4-fa-d512-bench.cu share: the ggml and ggml-cuda functions that the kernel
+// sources they include refer to from their host-side ops (the programs launch the kernels directly, so these abort if
+// ever called, except the two
 // that the pin's ggml_cuda_kernel_launch asks: the device and its compute capability), CUDA error checks, a
 // deterministic random source and device buffers. Include after the kernel sources.
 #pragma once
