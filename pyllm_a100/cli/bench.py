@@ -47,7 +47,7 @@ def bench_cmd(
         if as_json:
             print(json.dumps(step.as_row(), indent=2))
             return
-        print_table(f"one decode step of {step.model}: {step.kernels} kernels, {step.us:.0f} us of kernel time (ncu)",
+        print_table(f"one decode step of {step.model}: {step.kernels} kernels, {step.us:.0f} us of kernel time (ncu, caches warm)",
                     ["kernel", "launches", "us", "share"],
                     [[r.family, str(r.count), f"{r.us:.1f}", f"{100 * r.us / max(step.us, 1e-9):.1f} %"] for r in step.rows])
         return
