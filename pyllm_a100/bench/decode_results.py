@@ -122,6 +122,12 @@ def _concurrency_table(c: dict[str, Any], when: str) -> list[str]:
             for r in c["rows"]]
 
 
+def _decode_table(cols: dict[str, tuple[Any, Any]], notes: dict[str, str]) -> list[str]:
+    """Build -> (43-layer, 4-layer) decode tokens/s as table lines, with each build's note when the run has notes."""
+    return (["| build | 43 layers | 4 layers |" + (" what it is |" if notes else ""), "| --- | ---: | ---: |" + (" --- |" if notes else "")]
+            + [f"| {c} | {big} | {small} |" + (f" {notes.get(c, '')} |" if notes else "") for c, (big, small) in cols.items()])
+
+
 def section(summary: dict[str, Any] | None) -> str:
     """The "decode path" section of docs/benchmarks.md."""
     if not summary:
@@ -143,9 +149,7 @@ build in the same run, two interleaved rounds; {summary['gpu']}. Patches: {', '.
     big = next((r for r in summary["rows"] if r["layers"] == 43), None)
     small = next((r for r in summary["rows"] if r["layers"] == 4), None)
     if big and small:
-        out += ["| build | 43 layers | 4 layers |" + (" what it is |" if notes else ""), "| --- | ---: | ---: |" + (" --- |" if notes else "")]
-        out += [f"| {c} | {v['decode_tps']} | {small['levels'].get(c, {}).get('decode_tps', '-')} |" + (f" {notes.get(c, '')} |" if notes else "")
-                for c, v in big["levels"].items()]
+        out += _decode_table({c: (v["decode_tps"], small["levels"].get(c, {}).get("decode_tps", "-")) for c, v in big["levels"].items()}, notes)
     k = summary["kernels"]
     if "pin" in k and "patched" in k:
         out.append(f"\nKernels in one 4-layer forward (ncu, one graph node each): **{k['pin']['kernels_per_forward']} → "
@@ -173,9 +177,8 @@ build in the same run, two interleaved rounds; {summary['gpu']}. Patches: {', '.
                    f"{'every build equal to the pin' if g['all_equal_to_pin'] else 'differ: ' + ', '.join(g['differing'])} "
                    f"({g['cases']} cases)." + (f" {g['note']}" if g.get("note") else ""))
     if summary.get("sweep"):
-        out += ["\nThe run's other bench (the same binaries, one switch at a time), decode tokens/s:\n",
-                "| build | 43 layers | 4 layers |" + (" what it is |" if notes else ""), "| --- | ---: | ---: |" + (" --- |" if notes else "")]
-        out += [f"| {c} | {v['43l']} | {v['4l']} |" + (f" {notes.get(c, '')} |" if notes else "") for c, v in summary["sweep"].items()]
+        out.append("\nThe run's other bench (the same binaries, one switch at a time), decode tokens/s:\n")
+        out += _decode_table({c: (v["43l"], v["4l"]) for c, v in summary["sweep"].items()}, notes)
     if summary.get("concurrency"):
         out += _concurrency_table(summary["concurrency"], "")
         if summary["concurrency"].get("note"):
