@@ -83,14 +83,8 @@ static void run(const rope_case & c) {
     CK(cudaFree(out_unfused)); CK(cudaFree(out_fused)); CK(cudaFree(normed));
 }
 
-// Patch 0035's rms_norm_mul_q8_1_regs_f32 (columns in registers) against 0026's rms_norm_mul_q8_1_f32 (column by column):
-// the normed output and its q8_1 copy, bit for bit, launched as ggml_cuda_op_rms_norm_mul_q8_1 launches them.
-template <int bs, int np>
-static void norm_q8_regs(const float * x, float * dst, block_q8_1 * q8, int ncols, int nrows, const float * w, int w_rows) {
-    rms_norm_mul_q8_1_regs_f32<bs, np><<<nrows, bs, 32 * sizeof(float)>>>(x, dst, q8, ncols, ncols, 1e-6f, w, ncols,
-        init_fastdiv_values(ncols), init_fastdiv_values(w_rows));
-}
-
+// Patch 0035's rms_norm_mul_q8_1_regs_f32 (columns in registers, launched by the op's own rms_norm_mul_q8_1_regs_launch)
+// against 0026's rms_norm_mul_q8_1_f32 (column by column): the normed output and its q8_1 copy, bit for bit.
 static void run_norm_q8(const char * name, int ncols, int nrows, int w_rows) {
     const int n = ncols * nrows, nq = n / QK8_1, bs = ncols < 1024 ? 256 : 1024, np = rms_norm_mul_q8_1_nper(ncols, bs);
     std::vector<float> hx(n), hw((size_t) ncols * w_rows);
@@ -106,15 +100,11 @@ static void run_norm_q8(const char * name, int ncols, int nrows, int w_rows) {
                                                  init_fastdiv_values(w_rows));
     };
     bs == 256 ? serial(rms_norm_mul_q8_1_f32<256>) : serial(rms_norm_mul_q8_1_f32<1024>);
-    switch (bs * 16 + np) {
-        case  256*16 + 1: norm_q8_regs< 256, 1>(x, dst_b, q_b, ncols, nrows, w, w_rows); break;
-        case  256*16 + 2: norm_q8_regs< 256, 2>(x, dst_b, q_b, ncols, nrows, w, w_rows); break;
-        case  256*16 + 4: norm_q8_regs< 256, 4>(x, dst_b, q_b, ncols, nrows, w, w_rows); break;
-        case 1024*16 + 1: norm_q8_regs<1024, 1>(x, dst_b, q_b, ncols, nrows, w, w_rows); break;
-        case 1024*16 + 2: norm_q8_regs<1024, 2>(x, dst_b, q_b, ncols, nrows, w, w_rows); break;
-        case 1024*16 + 4: norm_q8_regs<1024, 4>(x, dst_b, q_b, ncols, nrows, w, w_rows); break;
-        case 1024*16 + 8: norm_q8_regs<1024, 8>(x, dst_b, q_b, ncols, nrows, w, w_rows); break;
-        default: printf("%-44s no registers kernel for %d columns (nper %d)\n", name, ncols, np); failures++; return;
+    if (!rms_norm_mul_q8_1_regs_launch(x, dst_b, q_b, ncols, nrows, ncols, 1e-6f, w, ncols, init_fastdiv_values(ncols),
+                                       init_fastdiv_values(w_rows), 0)) {
+        printf("%-44s no registers kernel for %d columns (nper %d)\n", name, ncols, np);
+        failures++;
+        return;
     }
     CK(cudaDeviceSynchronize());
     std::vector<float> a(n), b(n);
