@@ -7,7 +7,7 @@ the warm-up and the prompt-free setup cancel). nsys does not work on the GPU mac
 ncu flushes the GPU's caches before each kernel unless told otherwise (``--cache-control all``), which
 makes a small kernel pay DRAM latency for inputs the kernel before it has just written: measured on an
 H200 (docs/decode-notes.md), one-token attention took ~23 us per layer that way and ~12 us warm. So
-``--profile`` keeps the caches as the previous kernel left them (``--cache-control none``, ``warm=True``).
+``--profile`` keeps the caches as the previous kernel left them (``--cache-control none``).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def one_step(first: dict[str, tuple[int, float]], second: dict[str, tuple[int, f
 
 
 def profile_decode_step(model: str | os.PathLike[str], *, llama_bench: Path | None = None,
-                        extra_args: tuple[str, ...] = ("-ngl", "99", "-fa", "1"), warm: bool = True) -> StepProfile:
+                        extra_args: tuple[str, ...] = ("-ngl", "99", "-fa", "1")) -> StepProfile:
     from ..build.native import binary
     from ..models.gguf_files import resolve_model
 
@@ -140,7 +140,7 @@ def profile_decode_step(model: str | os.PathLike[str], *, llama_bench: Path | No
     with tempfile.TemporaryDirectory(prefix="pyllm-profile-") as tmp:
         for n in (1, 2):
             log = Path(tmp) / f"n{n}.csv"
-            cmd = [ncu, "--graph-profiling", "node", "--cache-control", "none" if warm else "all", "--metrics", METRIC,
+            cmd = [ncu, "--graph-profiling", "node", "--cache-control", "none", "--metrics", METRIC,
                    "--csv", "--print-units", "base", "--log-file", str(log),
                    str(bench), "-m", str(files.first), "-p", "0", "-n", str(n), "-r", "1", "--no-warmup", *extra_args]
             result = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, CUDA_CACHE_MAXSIZE="4294967296"))
