@@ -29,5 +29,6 @@ SWITCHES: dict[str, tuple[dict[str, str], str]] = {
                        f"0037 on: each flash-attention block takes up to {n} KV tiles (not bit-identical)") for n in (2, 8)},
     "HCCOMBSERIAL": ({"GGML_CUDA_DSV4_HC_COMB_SERIAL": "1"}, "0038 off: 0022's hc_post/FFN-half launches (Sinkhorn first)"),
     "VECD512": ({"GGML_CUDA_FA_VEC_D512": "1"}, "0039 on: one-token D=512 attention on the vector kernel (not bit-identical)"),
+    "NOSIBLINGS": ({"GGML_CUDA_MMVQ_SIBLINGS": "0"}, "0040 off: one-token matmuls of one activation launched one by one"),
 }
 ENV_COLUMNS: dict[str, dict[str, str]] = {name: env for name, (env, _) in SWITCHES.items()}
