@@ -1,12 +1,14 @@
-// Candidate 0040 on a GPU without a llama.cpp build: DeepSeek-V4's one-token matmuls (the Q8_0 projections, the MXFP4
-// routed experts' fused gate+up and their down projection) through mul_mat_vec_q as llama.cpp launches it with
+// DeepSeek-V4's one-token matmuls on a GPU without a llama.cpp build (the Q8_0 projections, the MXFP4 routed
+// experts' fused gate+up and their down projection) through mul_mat_vec_q as llama.cpp launches it with
 // vendor/patches (each thread reads its weight bytes straight from global memory: a Q8_0 block's 8 bytes as four
 // 16-bit loads, an MXFP4 block's as 2-3 words) and through the same per-thread dot products fed from shared memory
 // that the block first fills with 16-byte cp.async copies of its rows (sm_80's asynchronous copy): "staged", the pin's
 // grid; "walk" (dense Q8_0), a resident grid whose blocks walk rows and copy the next row while they compute the
 // current one. Prints the microseconds per call of each (CUDA events over 300 calls after a warm-up, the weights
 // rotated over copies larger than the L2, as a decode step reads them) and whether each output equals
-// mul_mat_vec_q's bit for bit. Built like
+// mul_mat_vec_q's bit for bit. Then the sibling projections of one DeepSeek-V4 layer (the one-token Q8_0 matmuls that
+// read the same activation) launched one by one against one launch over all their rows, both replayed as CUDA graphs
+// (what vendor/patches 0040 does). Built like
 // scripts/dsv4-hc-fusion-check.cu, from a tree with vendor/patches applied:
 //
 //   T=llama.cpp/ggml/src/ggml-cuda
@@ -372,15 +374,6 @@ int main() {
         block_q8_1 * y = dev(hy);
         float * d = (float *) dev_nan((size_t) total_rows * sizeof(float));
         const uint3 one = init_fastdiv_values(1);
-        auto launch = [&](const char * x, float * o, int rows) {
-            if (set.multi_row) {
-                mul_mat_vec_q<GGML_TYPE_Q8_0, 1, false, true><<<rows / NWARPS, dim3(WARP, NWARPS, 1), 0, 0>>>(
-                    x, y, nullptr, ggml_cuda_mm_fusion_args_device{}, o, set.K, one, bpr, bpr, rows, one, bpr * rows, 0, rows, one, 0, 0, 0, 0);
-            } else {
-                mul_mat_vec_q<GGML_TYPE_Q8_0, 1, false><<<rows, dim3(WARP, NWARPS, 1), 0, 0>>>(
-                    x, y, nullptr, ggml_cuda_mm_fusion_args_device{}, o, set.K, one, bpr, bpr, rows, one, bpr * rows, 0, rows, one, 0, 0, 0, 0);
-            }
-        };
         auto graph_us = [&](bool merged) {
             cudaStream_t st;
             CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -388,9 +381,6 @@ int main() {
             for (int c = 0; c < ncopies; ++c) {
                 cudaGraph_t gr;
                 CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-                cudaStream_t saved = 0;
-                (void) saved;
-                // launches go to the legacy stream in `launch`; capture needs them on st: relaunch with st
                 int off = 0;
                 if (merged) {
                     if (set.multi_row) {
@@ -429,7 +419,6 @@ int main() {
             CK(cudaStreamDestroy(st));
             return 1000.0f * ms / n;
         };
-        (void) launch;
         const float t_sep = graph_us(false), t_one = graph_us(true);
         printf("%-60s %10.2f %10.2f %8.3f\n", set.name, t_sep, t_one, t_one / t_sep);
         for (char * p : w) CK(cudaFree(p));

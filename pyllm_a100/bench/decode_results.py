@@ -135,7 +135,7 @@ def section(summary: dict[str, Any] | None) -> str:
     out = [f"""## 5. Decode path: the pin against our patches (issue 23)
 
 One H200 running the sm_80 build (PTX JIT, warmed up first), `llama-bench -p 512 -n 64 -r 3 -ngl 99 -fa 1`, every
-build in the same run, two interleaved rounds; {summary['gpu']}. Patches: {', '.join(p[:4] for p in summary['patches'])}
+build in the same run, interleaved rounds; {summary['gpu']}. Patches: {', '.join(p[:4] for p in summary['patches'])}
 (each level includes the ones before it).
 
 | model | layers | pin decode | patched decode | ratio | pin pp512 | patched pp512 | ratio | % of HBM ceiling (pin → patched) |
@@ -148,14 +148,18 @@ build in the same run, two interleaved rounds; {summary['gpu']}. Patches: {', '.
     notes = summary.get("column_notes") or {}
     big = next((r for r in summary["rows"] if r["layers"] == 43), None)
     small = next((r for r in summary["rows"] if r["layers"] == 4), None)
-    if big and small:
-        out += _decode_table({c: (v["decode_tps"], small["levels"].get(c, {}).get("decode_tps", "-")) for c, v in big["levels"].items()}, notes)
-    k = summary["kernels"]
+    if big:
+        small_levels = small["levels"] if small else {}
+        out += _decode_table({c: (v["decode_tps"], small_levels.get(c, {}).get("decode_tps", "-")) for c, v in big["levels"].items()}, notes)
+    k, when = summary["kernels"], ""
+    if not ("pin" in k and "patched" in k):  # ncu did not run: the newest run that has the table
+        e = next((e for e in summary.get("earlier_runs", []) if "pin" in e.get("kernels", {}) and "patched" in e["kernels"]), None)
+        k, when = (e["kernels"], f"; from an earlier run, patches up to {e['patches'][-1][:4]}: ncu did not run in this one") if e else (k, "")
     if "pin" in k and "patched" in k:
-        out.append(f"\nKernels in one 4-layer forward (ncu, one graph node each): **{k['pin']['kernels_per_forward']} → "
+        out.append(f"\nKernels in one 4-layer forward (ncu, one graph node each{when}): **{k['pin']['kernels_per_forward']} → "
                    f"{k['patched']['kernels_per_forward']}**, {k['pin']['kernel_us_per_forward']:.0f} → "
                    f"{k['patched']['kernel_us_per_forward']:.0f} us of kernel time."
-                   + (f" {summary['ncu_note']}" if summary.get("ncu_note") else "") + " By kernel family:\n")
+                   + (f" {summary['ncu_note']}" if summary.get("ncu_note") and not when else "") + " By kernel family:\n")
         out += ["| kernel | pin: count, us | patched: count, us |", "| --- | ---: | ---: |"]
         fams = sorted(set(k["pin"]["families"]) | set(k["patched"]["families"]),
                       key=lambda f: -max(k["pin"]["families"].get(f, {}).get("us", 0), k["patched"]["families"].get(f, {}).get("us", 0)))
