@@ -354,6 +354,7 @@ int main() {
         {"HCA layer: wq_a, wkv, compressor kv, gate",                  4096, false, {1024, 512, 512, 512}},
         {"CSA layer: wq_a, wkv, compressor kv, gate, indexer x3",      4096, false, {1024, 512, 1024, 1024, 64, 256, 256}},
         {"CSA layer: wq_b, indexer q_b (K = 1024, 4 rows per block)",  1024, true,  {32768, 8192}},
+        {"FFN: router, shared expert up, gate (not merged by 0040)",   4096, false, {16, 2048, 2048}},
     };
     printf("\n%-60s %10s %10s %8s\n", "sibling Q8_0 matmuls (graph replay)", "separate", "one launch", "ratio");
     for (const siblings & set : sets) {
