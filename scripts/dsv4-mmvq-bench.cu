@@ -375,6 +375,17 @@ int main() {
         block_q8_1 * y = dev(hy);
         float * d = (float *) dev_nan((size_t) total_rows * sizeof(float));
         const uint3 one = init_fastdiv_values(1);
+        // mul_mat_vec_q over `rows` rows as llama.cpp launches it at one token (4 rows per block on the multi-row path)
+        auto rows_launch = [&](const char * x, float * o, int rows, cudaStream_t st) {
+            const ggml_cuda_mm_fusion_args_device f{};
+            if (set.multi_row) {
+                mul_mat_vec_q<GGML_TYPE_Q8_0, 1, false, true><<<rows / NWARPS, dim3(WARP, NWARPS, 1), 0, st>>>(
+                    x, y, nullptr, f, o, set.K, one, bpr, bpr, rows, one, bpr * rows, 0, rows, one, 0, 0, 0, 0);
+            } else {
+                mul_mat_vec_q<GGML_TYPE_Q8_0, 1, false><<<rows, dim3(WARP, NWARPS, 1), 0, st>>>(
+                    x, y, nullptr, f, o, set.K, one, bpr, bpr, rows, one, bpr * rows, 0, rows, one, 0, 0, 0, 0);
+            }
+        };
         auto graph_us = [&](bool merged) {
             cudaStream_t st;
             CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -382,25 +393,12 @@ int main() {
             for (int c = 0; c < ncopies; ++c) {
                 cudaGraph_t gr;
                 CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-                int off = 0;
                 if (merged) {
-                    if (set.multi_row) {
-                        mul_mat_vec_q<GGML_TYPE_Q8_0, 1, false, true><<<total_rows / NWARPS, dim3(WARP, NWARPS, 1), 0, st>>>(
-                            w[c], y, nullptr, ggml_cuda_mm_fusion_args_device{}, d, set.K, one, bpr, bpr, total_rows, one, bpr * total_rows, 0, total_rows, one, 0, 0, 0, 0);
-                    } else {
-                        mul_mat_vec_q<GGML_TYPE_Q8_0, 1, false><<<total_rows, dim3(WARP, NWARPS, 1), 0, st>>>(
-                            w[c], y, nullptr, ggml_cuda_mm_fusion_args_device{}, d, set.K, one, bpr, bpr, total_rows, one, bpr * total_rows, 0, total_rows, one, 0, 0, 0, 0);
-                    }
+                    rows_launch(w[c], d, total_rows, st);
                 } else {
+                    int off = 0;
                     for (int r : set.rows) {
-                        const char * x = w[c] + (size_t) off * row_bytes;
-                        if (set.multi_row) {
-                            mul_mat_vec_q<GGML_TYPE_Q8_0, 1, false, true><<<r / NWARPS, dim3(WARP, NWARPS, 1), 0, st>>>(
-                                x, y, nullptr, ggml_cuda_mm_fusion_args_device{}, d + off, set.K, one, bpr, bpr, r, one, bpr * r, 0, r, one, 0, 0, 0, 0);
-                        } else {
-                            mul_mat_vec_q<GGML_TYPE_Q8_0, 1, false><<<r, dim3(WARP, NWARPS, 1), 0, st>>>(
-                                x, y, nullptr, ggml_cuda_mm_fusion_args_device{}, d + off, set.K, one, bpr, bpr, r, one, bpr * r, 0, r, one, 0, 0, 0, 0);
-                        }
+                        rows_launch(w[c] + (size_t) off * row_bytes, d + off, r, st);
                         off += r;
                     }
                 }
