@@ -1,5 +1,5 @@
 """scripts/gpu-decode's bench switches (pyllm_a100.bench.decode_switches) name variables that our patches read
-(vendor/patches, or the measured candidates in vendor/patches-measured)."""
+(vendor/patches, the candidates in vendor/patches-next, or the measured ones in vendor/patches-measured)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def test_every_switch_names_a_variable_a_patch_reads() -> None:
     sys.path.insert(0, str(REPO))
     from pyllm_a100.bench.decode_switches import ENV_COLUMNS, SWITCHES
 
-    patches = "".join(p.read_text() for folder in ("patches", "patches-measured") for p in (REPO / "vendor" / folder).glob("*.patch"))
+    patches = "".join(p.read_text() for folder in ("patches", "patches-next", "patches-measured") for p in (REPO / "vendor" / folder).glob("*.patch"))
     added = "\n".join(line for line in patches.splitlines() if line.startswith("+"))  # what our patches add
     unread = sorted(var for env in ENV_COLUMNS.values() for var in env if var not in PIN_OWN and f'"{var}"' not in added)
     assert not unread, f"switch variables no patch reads: {unread}"

@@ -30,5 +30,8 @@ SWITCHES: dict[str, tuple[dict[str, str], str]] = {
     "HCCOMBSERIAL": ({"GGML_CUDA_DSV4_HC_COMB_SERIAL": "1"}, "0038 off: 0022's hc_post/FFN-half launches (Sinkhorn first)"),
     "VECD512": ({"GGML_CUDA_FA_VEC_D512": "1"}, "0039 on: one-token D=512 attention on the vector kernel (not bit-identical)"),
     "NOSIBLINGS": ({"GGML_CUDA_MMVQ_SIBLINGS": "0"}, "0040 off: one-token matmuls of one activation launched one by one"),
+    **{f"SIBLINGS{n}": ({"GGML_CUDA_MMVQ_SIBLINGS": str(n)}, what) for n, what in (
+        (2, "0041: sibling runs cut only where the next node reads their last matmul"),
+        (3, "0041: as SIBLINGS2, and GLU pairs join the other matmuls of their activation"))},
 }
 ENV_COLUMNS: dict[str, dict[str, str]] = {name: env for name, (env, _) in SWITCHES.items()}
