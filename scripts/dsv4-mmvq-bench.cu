@@ -190,8 +190,7 @@ struct shape {
     ggml_type type;
     int K, rows, channels;  // channels: groups (dense) or experts used (MoE)
     int n_expert;           // > 0: MUL_MAT_ID over this many experts, ids pick `channels` of them
-    bool gated;             // fused gate+up with SWIGLU_CLAMP
-    bool multi_row;         // 4 rows per block (the small-K launch that vendor/patches take for one-iteration rows)
+    bool gated;             // fused gate+up with SWIGLU_CLAMP; an ungated MUL_MAT_ID takes the 4-rows-per-block launch
 };
 
 static void fill_weights(std::vector<char> & h, ggml_type type) {
@@ -212,15 +211,28 @@ static void fill_weights(std::vector<char> & h, ggml_type type) {
     }
 }
 
+// Microseconds per call of launch(i), i the call's number (it picks the weight copy): 20 calls to warm up, 300 timed.
+template <typename F> static float us_per_call(F && launch, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t st = 0) {
+    for (int i = 0; i < 20; ++i) launch(i);
+    CK(cudaEventRecord(e0, st));
+    const int n = 300;
+    for (int i = 0; i < n; ++i) launch(i);
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    return 1000.0f * ms / n;
+}
+
 int main() {
     const shape shapes[] = {
-        {"Q8_0 wq_a (4096 -> 1024)",              GGML_TYPE_Q8_0, 4096, 1024, 1, 0, false, false},
-        {"Q8_0 wo_a (8 groups, 4096 -> 1024)",    GGML_TYPE_Q8_0, 4096, 1024, 8, 0, false, false},
-        {"Q8_0 wo_b (8192 -> 4096)",              GGML_TYPE_Q8_0, 8192, 4096, 1, 0, false, false},
-        {"Q8_0 shared down (2048 -> 4096)",       GGML_TYPE_Q8_0, 2048, 4096, 1, 0, false, false},
-        {"Q8_0 output head (4096 -> 129280)",     GGML_TYPE_Q8_0, 4096, 129280, 1, 0, false, false},
-        {"MXFP4 experts gate+up (6 of 16, 4096 -> 2048)", GGML_TYPE_MXFP4, 4096, 2048, 6, 16, true, false},
-        {"MXFP4 experts down (6 of 16, 2048 -> 4096)",    GGML_TYPE_MXFP4, 2048, 4096, 6, 16, false, true},
+        {"Q8_0 wq_a (4096 -> 1024)",              GGML_TYPE_Q8_0, 4096, 1024, 1, 0, false},
+        {"Q8_0 wo_a (8 groups, 4096 -> 1024)",    GGML_TYPE_Q8_0, 4096, 1024, 8, 0, false},
+        {"Q8_0 wo_b (8192 -> 4096)",              GGML_TYPE_Q8_0, 8192, 4096, 1, 0, false},
+        {"Q8_0 shared down (2048 -> 4096)",       GGML_TYPE_Q8_0, 2048, 4096, 1, 0, false},
+        {"Q8_0 output head (4096 -> 129280)",     GGML_TYPE_Q8_0, 4096, 129280, 1, 0, false},
+        {"MXFP4 experts gate+up (6 of 16, 4096 -> 2048)", GGML_TYPE_MXFP4, 4096, 2048, 6, 16, true},
+        {"MXFP4 experts down (6 of 16, 2048 -> 4096)",    GGML_TYPE_MXFP4, 2048, 4096, 6, 16, false},
     };
     int nsm = 0;
     CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
@@ -306,17 +318,7 @@ int main() {
             mmvq_q8_0_walk<<<walk_grid, dim3(WARP, NWARPS, 1), 2 * row_bytes>>>(w[c], y, d, bpr, s.rows, s.channels,
                 stride_channel_y);
         };
-        auto time_us = [&](auto && run, float * d) {
-            for (int i = 0; i < 20; ++i) run(i % ncopies, d);
-            CK(cudaEventRecord(e0));
-            const int n = 300;
-            for (int i = 0; i < n; ++i) run(i % ncopies, d);
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            return 1000.0f * ms / n;
-        };
+        auto time_us = [&](auto && run, float * d) { return us_per_call([&](int i) { run(i % ncopies, d); }, e0, e1); };
         const float t_pin = time_us(pin, out[0]), t_staged = time_us(staged, out[1]);
         const float t_walk = walk_grid ? time_us(walk, out[2]) : 0.0f;
         CK(cudaGetLastError());
@@ -406,17 +408,10 @@ int main() {
                 CK(cudaGraphInstantiate(&execs[c], gr, 0));
                 CK(cudaGraphDestroy(gr));
             }
-            for (int i = 0; i < 20; ++i) CK(cudaGraphLaunch(execs[i % ncopies], st));
-            CK(cudaEventRecord(e0, st));
-            const int n = 300;
-            for (int i = 0; i < n; ++i) CK(cudaGraphLaunch(execs[i % ncopies], st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
+            const float us = us_per_call([&](int i) { CK(cudaGraphLaunch(execs[i % ncopies], st)); }, e0, e1, st);
             for (auto & e : execs) CK(cudaGraphExecDestroy(e));
             CK(cudaStreamDestroy(st));
-            return 1000.0f * ms / n;
+            return us;
         };
         const float t_sep = graph_us(false), t_one = graph_us(true);
         printf("%-60s %10.2f %10.2f %8.3f\n", set.name, t_sep, t_one, t_one / t_sep);
