@@ -27,7 +27,10 @@ bool ggml_is_empty(const struct ggml_tensor *) { not_here("ggml_is_empty"); }
 enum ggml_unary_op ggml_get_unary_op(const struct ggml_tensor *) { not_here("ggml_get_unary_op"); }
 void ggml_rope_yarn_corr_dims(int, int, float, float, float, float[2]) { not_here("ggml_rope_yarn_corr_dims"); }
 }
-void ggml_cuda_error(const char *, const char *, const char *, int, const char *) { not_here("ggml_cuda_error"); }
+void ggml_cuda_error(const char * stmt, const char * func, const char * file, int line, const char * msg) {
+    fprintf(stderr, "CUDA error: %s (%s in %s at %s:%d)\n", msg, stmt, func, file, line);
+    exit(2);
+}
 void ggml_cuda_set_device(int) { not_here("ggml_cuda_set_device"); }
 int ggml_cuda_get_device() { int d = 0; cudaGetDevice(&d); return d; }
 const ggml_cuda_device_info & ggml_cuda_info() {
@@ -38,6 +41,7 @@ const ggml_cuda_device_info & ggml_cuda_info() {
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
         i.devices[0].cc = 100 * major + 10 * minor;
+        i.devices[0].warp_size = 32;  // what the host dispatch of mmvq.cu sizes its blocks by
         return i;
     }();
     return info;
