@@ -25,12 +25,8 @@
 #include <vector>
 
 #include "fusion-check-common.cuh"
+#include "mmvq-bench-common.cuh"
 
-// more of ggml that mmvq.cu's host side refers to (never called here)
-extern "C" {
-bool ggml_is_quantized(enum ggml_type) { not_here("ggml_is_quantized"); }
-int64_t ggml_blck_size(enum ggml_type) { not_here("ggml_blck_size"); }
-}
 
 
 constexpr int NWARPS = 4, WARP = 32;
@@ -193,37 +189,6 @@ struct shape {
     bool gated;             // fused gate+up with SWIGLU_CLAMP; an ungated MUL_MAT_ID takes the 4-rows-per-block launch
 };
 
-static void fill_weights(std::vector<char> & h, ggml_type type) {
-    if (type == GGML_TYPE_Q8_0) {
-        for (size_t b = 0; b < h.size() / sizeof(block_q8_0); ++b) {
-            block_q8_0 blk;
-            blk.d = __float2half(frand(1e-3f, 1e-2f));
-            for (int i = 0; i < QK8_0; ++i) blk.qs[i] = (int8_t) frand(-127.0f, 127.0f);
-            memcpy(h.data() + b * sizeof(blk), &blk, sizeof(blk));
-        }
-    } else {
-        for (size_t b = 0; b < h.size() / sizeof(block_mxfp4); ++b) {
-            block_mxfp4 blk;
-            blk.e = (uint8_t) (120 + (int) frand(0.0f, 10.0f));
-            for (int i = 0; i < QK_MXFP4 / 2; ++i) blk.qs[i] = (uint8_t) frand(0.0f, 255.99f);
-            memcpy(h.data() + b * sizeof(blk), &blk, sizeof(blk));
-        }
-    }
-}
-
-// Microseconds per call of launch(i), i the call's number (it picks the weight copy): 20 calls to warm up, 300 timed.
-template <typename F> static float us_per_call(F && launch, cudaEvent_t e0, cudaEvent_t e1, cudaStream_t st = 0) {
-    for (int i = 0; i < 20; ++i) launch(i);
-    CK(cudaEventRecord(e0, st));
-    const int n = 300;
-    for (int i = 0; i < n; ++i) launch(i);
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    return 1000.0f * ms / n;
-}
-
 int main() {
     const shape shapes[] = {
         {"Q8_0 wq_a (4096 -> 1024)",              GGML_TYPE_Q8_0, 4096, 1024, 1, 0, false},
@@ -258,11 +223,7 @@ int main() {
         }
         // the activation: one per channel for grouped dense (wo_a) and for the down projection, one for gate+up and dense
         const int ny = (s.n_expert && !s.gated) || (!s.n_expert && s.channels > 1) ? s.channels : 1;
-        std::vector<block_q8_1> hy((size_t) (s.K / QK8_1) * ny);
-        for (block_q8_1 & b : hy) {
-            b.ds = make_half2(__float2half(frand(1e-3f, 1e-1f)), __float2half(frand(-10.0f, 10.0f)));
-            for (int i = 0; i < QK8_1; ++i) b.qs[i] = (int8_t) frand(-127.0f, 127.0f);
-        }
+        const std::vector<block_q8_1> hy = random_q8_1((size_t) (s.K / QK8_1) * ny);
         block_q8_1 * y = dev(hy);
         std::vector<int32_t> hids = {3, 14, 7, 0, 11, 5, 9, 2};
         hids.resize(std::max(1, s.channels));

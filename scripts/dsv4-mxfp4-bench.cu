@@ -32,11 +32,8 @@
 #include <vector>
 
 #include "fusion-check-common.cuh"
+#include "mmvq-bench-common.cuh"
 
-extern "C" {
-bool ggml_is_quantized(enum ggml_type) { not_here("ggml_is_quantized"); }
-int64_t ggml_blck_size(enum ggml_type) { not_here("ggml_blck_size"); }
-}
 
 constexpr int NWARPS = 4, WARP = 32;
 enum { TABLE = 0, SIGN = 1, BOUND = 2, LOADS = 3 };
@@ -128,27 +125,6 @@ static __global__ void __launch_bounds__(NWARPS * WARP, 1) mxfp4_warp_rows(const
     }
 }
 
-static void fill_mxfp4(std::vector<char> & h) {
-    for (size_t b = 0; b < h.size() / sizeof(block_mxfp4); ++b) {
-        block_mxfp4 blk;
-        blk.e = (uint8_t) (120 + (int) frand(0.0f, 10.0f));
-        for (int i = 0; i < QK_MXFP4 / 2; ++i) blk.qs[i] = (uint8_t) frand(0.0f, 255.99f);
-        memcpy(h.data() + b * sizeof(blk), &blk, sizeof(blk));
-    }
-}
-
-template <typename F> static float us_per_call(F && launch, cudaEvent_t e0, cudaEvent_t e1) {
-    for (int i = 0; i < 20; ++i) launch(i);
-    CK(cudaEventRecord(e0));
-    const int n = 300;
-    for (int i = 0; i < n; ++i) launch(i);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    return 1000.0f * ms / n;
-}
-
 template <bool GATED, int NBLK> static int run_shape(const char * name, int rows, cudaEvent_t e0, cudaEvent_t e1) {
     constexpr int K = NBLK * QK_MXFP4, n_expert = 16, channels = 6;
     const int row_bytes = NBLK * (int) sizeof(block_mxfp4);
@@ -157,18 +133,14 @@ template <bool GATED, int NBLK> static int run_shape(const char * name, int rows
     const int ncopies = (int) std::max<size_t>(2, (size_t) 400e6 / wbytes + 1);
     std::vector<char> hw(wbytes);
     std::vector<char *> w(ncopies), g(ncopies);
-    fill_mxfp4(hw);
+    fill_weights(hw, GGML_TYPE_MXFP4);
     for (char *& p : w) p = dev(hw);
     if (GATED) {
-        fill_mxfp4(hw);
+        fill_weights(hw, GGML_TYPE_MXFP4);
         for (char *& p : g) p = dev(hw);
     }
     const int ny = GATED ? 1 : channels;
-    std::vector<block_q8_1> hy((size_t) (K / QK8_1) * ny);
-    for (block_q8_1 & b : hy) {
-        b.ds = make_half2(__float2half(frand(1e-3f, 1e-1f)), __float2half(frand(-10.0f, 10.0f)));
-        for (int i = 0; i < QK8_1; ++i) b.qs[i] = (int8_t) frand(-127.0f, 127.0f);
-    }
+    const std::vector<block_q8_1> hy = random_q8_1((size_t) (K / QK8_1) * ny);
     block_q8_1 * y = dev(hy);
     std::vector<int32_t> hids = {3, 14, 7, 0, 11, 5};
     int32_t * ids = dev(hids);

@@ -21,11 +21,8 @@
 #include <vector>
 
 #include "fusion-check-common.cuh"
+#include "mmvq-bench-common.cuh"
 
-extern "C" {
-bool ggml_is_quantized(enum ggml_type) { not_here("ggml_is_quantized"); }
-int64_t ggml_blck_size(enum ggml_type t) { return t == GGML_TYPE_MXFP4 ? QK_MXFP4 : QK8_0; }
-}
 
 template <ggml_type type> static int check(int rows, int K) {
     constexpr int n_expert = 16, n_used = 6;
@@ -33,22 +30,8 @@ template <ggml_type type> static int check(int rows, int K) {
     const int bs = mx ? (int) sizeof(block_mxfp4) : (int) sizeof(block_q8_0), qk = mx ? QK_MXFP4 : QK8_0;
     const int bpr = K / qk;
     std::vector<char> hw((size_t) bpr * bs * rows * n_expert);
-    for (size_t b = 0; b < hw.size() / bs; ++b) {
-        char * p = hw.data() + b * bs;
-        if (mx) {
-            p[0] = (char) (120 + (int) frand(0.0f, 10.0f));
-            for (int i = 1; i < bs; ++i) p[i] = (char) (uint8_t) frand(0.0f, 255.99f);
-        } else {
-            const half d = __float2half(frand(1e-3f, 1e-2f));
-            memcpy(p, &d, sizeof(d));
-            for (int i = 2; i < bs; ++i) p[i] = (char) (int8_t) frand(-127.0f, 127.0f);
-        }
-    }
-    std::vector<block_q8_1> hy((size_t) (K / QK8_1) * n_used);
-    for (block_q8_1 & b : hy) {
-        b.ds = make_half2(__float2half(frand(1e-3f, 1e-1f)), __float2half(frand(-10.0f, 10.0f)));
-        for (int i = 0; i < QK8_1; ++i) b.qs[i] = (int8_t) frand(-127.0f, 127.0f);
-    }
+    fill_weights(hw, type);
+    const std::vector<block_q8_1> hy = random_q8_1((size_t) (K / QK8_1) * n_used);
     const std::vector<int32_t> hids = {3, 14, 7, 0, 11, 5};
     char * w = dev(hw);
     block_q8_1 * y = dev(hy);
