@@ -138,12 +138,14 @@ def _wave(url: str, headers: dict, limits: httpx.Limits, prompts: list[list[list
 
 def measure(url: str, levels: Sequence[int], *, prompt_tokens: int = 256, gen_tokens: int = 64,
             requests_per_stream: int = 2, slots: str = "-", api_key: str | None = None, seed: int = 0,
-            on_level: Callable[[LevelResult], None] | None = None) -> list[LevelResult]:
+            on_level: Callable[[LevelResult], None] | None = None,
+            on_level_start: Callable[[int], None] | None = None) -> list[LevelResult]:
     """Every level against one running server (warm-ups first, not counted: one request alone, then one
     request per stream of the highest level).
 
     ``slots`` is only recorded (how the server at ``url`` was started); failed requests
-    are counted, not raised, so one bad level does not hide the others.
+    are counted, not raised, so one bad level does not hide the others. ``on_level_start(n)`` runs just
+    before level n's requests, ``on_level(row)`` just after (e.g. to read a counter of the server's around it).
     """
     if prompt_tokens < 1 or gen_tokens < 1 or requests_per_stream < 1:
         raise BenchError("--prompt-tokens, --gen-tokens and --repeat must be at least 1")
@@ -167,6 +169,8 @@ def measure(url: str, levels: Sequence[int], *, prompt_tokens: int = 256, gen_to
     _wave(url, headers, fresh, [[prompt()] for _ in range(max(levels))], min(gen_tokens, 8))
     for n in levels:
         prompts = [[prompt() for _ in range(requests_per_stream)] for _ in range(n)]
+        if on_level_start:
+            on_level_start(n)
         done, errors, wall = _wave(url, headers, fresh, prompts, gen_tokens)
         generated = sum(int(d.timings.get("predicted_n", 0)) for d in done)
         ttfts = [d.ttft_s for d in done]

@@ -34,5 +34,6 @@ SWITCHES: dict[str, tuple[dict[str, str], str]] = {
         (2, "0041: sibling runs cut only where the next node reads their last matmul"),
         (3, "0041: as SIBLINGS2, and GLU pairs join the other matmuls of their activation"))},
     "NOMXFP4ROWS": ({"GGML_CUDA_MMVQ_MXFP4_WARP_ROWS": "0"}, "0042 off: one-token MXFP4 rows on mul_mat_vec_q"),
+    "SLOTLRU": ({"LLAMA_SERVER_SLOT_LRU": "1"}, "0044 off: llama-server picks an idle slot by LRU alone (the pin's rule)"),
 }
 ENV_COLUMNS: dict[str, dict[str, str]] = {name: env for name, (env, _) in SWITCHES.items()}
