@@ -90,6 +90,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         out["concurrency"] = _concurrency(raw["concurrency"])
         if raw["concurrency"].get("note"):
             out["concurrency"]["note"] = raw["concurrency"]["note"]
+    if raw.get("serving_run"):  # a later run of the serving side only: batched decode and the server at N streams
+        out["serving_run"] = _serving(raw["serving_run"])
     if raw.get("bench_sweep"):  # the run's other bench: one switch at a time against the same pin
         sweep = raw["bench_sweep"]
         out["sweep"] = {c: {layers: (sweep.get(layers) or {}).get(c, {}).get("decode_tps") for layers in ("43l", "4l")}
@@ -112,6 +114,69 @@ def _concurrency(conc: dict[str, Any]) -> dict[str, Any]:
         ratio = round((sum(patched) / len(patched)) / (sum(pin) / len(pin)), 3) if pin and patched else None
         rows.append({"streams": n, "pin_tps": pin, "patched_tps": patched, "ratio_of_means": ratio})
     return {"model": conc.get("model"), "rows": rows}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _serving(run: dict[str, Any]) -> dict[str, Any]:
+    """A serving run (docs/gpu-report.md, ninth run): llama-batched-bench per sequence count (S_TG of every round per
+    column), and scripts/gpu-concurrency's columns with the forwards each decode step cost (graph-count)."""
+    batched = (run.get("batched") or {}).get("43l") or {}
+    seqs = sorted({int(n) for col in batched.values() for n in (col.get("tg_tps") or {})})
+    out: dict[str, Any] = {k: run[k] for k in ("gpu", "patches", "note") if run.get(k)}
+    out["batched"] = [{"sequences": n, **{f"{c}_tps": [round(x["speed_tg"], 1) for x in col.get(str(n), [])] for c, col in batched.items()},
+                       **{f"{c}_prefill_tps": [round(x["speed_pp"]) for x in col.get(str(n), [])] for c, col in batched.items()}}
+                      for n in seqs]
+    for row in out["batched"]:
+        if row.get("pin_tps") and row.get("patched_tps"):
+            row["ratio_of_means"] = round(_mean(row["patched_tps"]) / _mean(row["pin_tps"]), 3)
+            row["prefill_ratio_of_means"] = round(_mean(row["patched_prefill_tps"]) / _mean(row["pin_prefill_tps"]), 3)
+    for key in ("concurrency", "slot_choice"):
+        conc = run.get(key)
+        if not conc:
+            continue
+        levels: dict[int, dict[str, dict[str, list[float]]]] = {}
+        for r in conc.get("runs", []):
+            for lv in (r.get("result") or {}).get("levels", []):
+                col = levels.setdefault(lv["concurrency"], {}).setdefault(r["build"], {"tps": [], "forwards_per_step": []})
+                col["tps"].append(round(lv["aggregate_tps"], 1))
+                if lv.get("forwards_per_step") is not None:
+                    col["forwards_per_step"].append(lv["forwards_per_step"])
+        cols = conc.get("columns") or []
+        rows = []
+        for n, by in sorted(levels.items()):
+            base = by.get(cols[0] if cols else "pin")
+            rows.append({"streams": n, "columns": by, "ratio_of_means": {c: round(_mean(v["tps"]) / _mean(base["tps"]), 3)
+                                                                         for c, v in by.items()} if base else {}})
+        out[key] = {"model": conc.get("model"), "parallel": conc.get("parallel"), "columns": cols, "rows": rows}
+    return out
+
+
+def _serving_tables(s: dict[str, Any]) -> list[str]:
+    out = [f"\n### Serving run ({s.get('gpu', 'one GPU')}; patches up to {s['patches'][-1][:4] if s.get('patches') else '?'})\n"]
+    if s.get("batched"):
+        out += ["llama-batched-bench on the 43-layer file (`-npp 256 -ntg 64`; N sequences decode together, one ubatch of N "
+                "tokens a step, so the batched kernels without the server's scheduling), decode tokens/s of all sequences, "
+                "runs in the order pin, patched, patched, pin:\n",
+                "| sequences | pin | patched | ratio of means | prefill ratio |", "| ---: | --- | --- | ---: | ---: |"]
+        out += [f"| {r['sequences']} | {', '.join(map(str, r.get('pin_tps', [])))} | {', '.join(map(str, r.get('patched_tps', [])))} | "
+                f"{r.get('ratio_of_means', '-')} | {r.get('prefill_ratio_of_means', '-')} |" for r in s["batched"]]
+    for key, what in (("concurrency", "pin against patched"), ("slot_choice", "patch 0044 on and off in one binary")):
+        c = s.get(key)
+        if not c:
+            continue
+        out += [f"\nscripts/gpu-concurrency, {what} ({c['model']}, llama-server -np {c['parallel']}, 256-token prompts, 64 tokens, "
+                f"2 requests a stream, columns {', '.join(c['columns'])} then reversed): aggregate tokens/s, and forwards per "
+                "decode step (graph evaluations x streams / generated tokens, scripts/graph-count.c):\n",
+                "| streams | column | tok/s (runs) | forwards per step | ratio of means |", "| ---: | --- | --- | --- | ---: |"]
+        for r in c["rows"]:
+            out += [f"| {r['streams']} | {col} | {', '.join(map(str, v['tps']))} | {', '.join(map(str, v['forwards_per_step'])) or '-'} | "
+                    f"{r['ratio_of_means'].get(col, '-')} |" for col, v in r["columns"].items()]
+    if s.get("note"):
+        out.append(f"\n{s['note']}")
+    return out
 
 
 def _concurrency_table(c: dict[str, Any], when: str) -> list[str]:
@@ -151,6 +216,8 @@ build in the same run, interleaved rounds; {summary['gpu']}. Patches: {', '.join
     if big:
         small_levels = small["levels"] if small else {}
         out += _decode_table({c: (v["decode_tps"], small_levels.get(c, {}).get("decode_tps", "-")) for c, v in big["levels"].items()}, notes)
+    if summary.get("serving_run"):
+        out += _serving_tables(summary["serving_run"])
     k, when = summary["kernels"], ""
     if not ("pin" in k and "patched" in k):  # ncu did not run: the newest run that has the table
         e = next((e for e in summary.get("earlier_runs", []) if "pin" in e.get("kernels", {}) and "patched" in e["kernels"]), None)
