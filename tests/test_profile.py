@@ -9,7 +9,7 @@ from conftest import run_pyllm
 
 import pytest
 
-from pyllm_a100.bench.profile import KernelRow, ProfileError, kernel_table, launch_metrics, one_step
+from pyllm_a100.bench.profile import KernelRow, ProfileError, forward_difference, kernel_table, launch_metrics, one_step
 
 HEADER = '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n'
 
@@ -33,6 +33,18 @@ def test_one_step_is_what_two_tokens_ran_beyond_one() -> None:
     step = one_step(first, second)
     assert step == [KernelRow("mul_mat_vec_q MXFP4 (experts)", 1, 40.0), KernelRow("rms_norm_f32", 1, 3.0),
                     KernelRow("mul_mat_vec_q Q8_0", 1, 2.5)]
+
+
+def test_forward_difference_keeps_each_launch_shape_apart() -> None:
+    """scripts/gpu-decode's ncu stage: the second run's extra forward, by kernel name and by launch shape."""
+    one = HEADER + row(1, Q8, "2000") + row(2, MOE, "40000")
+    two = one + row(3, Q8, "2500") + row(4, Q8, "1000", grid="(16, 1, 1)") + row(5, MOE, "30000")
+    tables = [{kind: {k: list(v) for k, v in kernel_table(t, by_launch=kind == "launch").items()} for kind in ("name", "launch")}
+              for t in (one, two)]
+    diff = forward_difference(*tables)
+    assert diff["name"] == {MOE: {"count": 1, "total_us": 30.0}, Q8: {"count": 2, "total_us": 3.5}}
+    assert [v["count"] for v in diff["launch"].values()] == [1, 1, 1] and diff["kernels_per_forward"] == 3
+    assert diff["kernel_us_per_forward"] == 33.5 and diff["raw_counts"] == {"n1": 2, "n2": 5}
 
 
 def test_profile_without_ncu_is_one_line(tiny_models: dict[str, Path], tmp_path: Path) -> None:

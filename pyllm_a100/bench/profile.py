@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from typing import Any
 from pathlib import Path
 
 from ..errors import PyllmError
@@ -174,3 +175,34 @@ def profile_launches(llama_bench: Path, model: str | os.PathLike[str], log_dir: 
             tried.append(f"{how}: exit {result.returncode}, {e}")
     raise ProfileError(f"ncu per-launch metrics failed ({'; '.join(tried)}): see {log_dir}/ncu-launches-*.stdout")
 
+
+
+def forward_difference(first: dict[str, dict[str, list]], second: dict[str, dict[str, list]]) -> dict[str, Any]:
+    """scripts/gpu-decode's ncu stage: what run ``second`` (one more forward) launched beyond ``first``, per kernel
+    name and per launch shape ({kind: {kernel: [count, us]}} each, from kernel_table), slowest first, with totals."""
+    out: dict[str, Any] = {}
+    for kind in ("name", "launch"):
+        diff = {}
+        for k, (c, us) in second.get(kind, {}).items():
+            c1, us1 = first.get(kind, {}).get(k, (0, 0.0))
+            if c - c1:
+                diff[k] = {"count": c - c1, "total_us": round(us - us1, 2)}
+        out[kind] = dict(sorted(diff.items(), key=lambda kv: -kv[1]["total_us"]))
+    out["kernels_per_forward"] = sum(v["count"] for v in out["name"].values())
+    out["kernel_us_per_forward"] = round(sum(v["total_us"] for v in out["name"].values()), 1)
+    out["raw_counts"] = {"n1": sum(c for c, _ in first["name"].values()), "n2": sum(c for c, _ in second["name"].values())}
+    return out
+
+
+def ncu_kernel_tables(tool: list[str], report: str, *, env: dict[str, str], cache_control: str = "all") -> dict[str, dict[str, list]]:
+    """``ncu --graph-profiling node`` over one program run (scripts/gpu-decode's ncu stage): kernel_table by kernel
+    name and by launch shape. The CSV lands in ``report`` (ncu's --log-file), stdout in ``report``.stdout."""
+    cmd = ["ncu", "--graph-profiling", "node", "--cache-control", cache_control, "--metrics", "gpu__time_duration.sum",
+           "--csv", "--print-units", "base", "--log-file", report, *tool]
+    with open(report + ".stdout", "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=1200, env=env).returncode
+    texts = (open(x, errors="replace").read() for x in (report, report + ".stdout") if os.path.exists(x))
+    text = next((t for t in texts if '"ID"' in t), "")
+    if rc or '"ID"' not in text:
+        raise ProfileError(f"ncu over {os.path.basename(tool[0])} rc={rc}: see {report}.stdout")
+    return {kind: {k: list(v) for k, v in kernel_table(text, by_launch=kind == "launch").items()} for kind in ("name", "launch")}
