@@ -23,7 +23,7 @@ def _complete(url: str, first: int, **extra) -> dict:
 
 
 def _keep_busy(url: str, slot: int, first: int, started: threading.Event, stop: threading.Event) -> None:
-    body = {"prompt": [first, *PROMPT_TAIL], "n_predict": 3000, "ignore_eos": True, "stream": True, "id_slot": slot}
+    body = {"prompt": [first, *PROMPT_TAIL], "n_predict": 4000, "ignore_eos": True, "stream": True, "id_slot": slot}
     with httpx.stream("POST", url + "/completion", json=body, timeout=120) as reply:
         for _ in reply.iter_lines():
             started.set()
