@@ -19,8 +19,8 @@ import os
 import shutil
 import subprocess
 import tempfile
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from ..errors import PyllmError
 from .decode_results import kernel_family
@@ -174,7 +174,6 @@ def profile_launches(llama_bench: Path, model: str | os.PathLike[str], log_dir: 
         except ProfileError as e:
             tried.append(f"{how}: exit {result.returncode}, {e}")
     raise ProfileError(f"ncu per-launch metrics failed ({'; '.join(tried)}): see {log_dir}/ncu-launches-*.stdout")
-
 
 
 def forward_difference(first: dict[str, dict[str, list]], second: dict[str, dict[str, list]]) -> dict[str, Any]:
