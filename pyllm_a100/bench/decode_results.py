@@ -102,22 +102,30 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _concurrency(conc: dict[str, Any]) -> dict[str, Any]:
-    """scripts/gpu-concurrency's runs (pin, patched, patched, pin) -> per level: each run's aggregate tokens/s and the ratio of means."""
-    levels: dict[int, dict[str, list[float]]] = {}
-    for run in conc.get("runs", []):
-        for lv in (run.get("result") or {}).get("levels", []):
-            levels.setdefault(lv["concurrency"], {}).setdefault(run["build"], []).append(round(lv["aggregate_tps"], 1))
-    rows = []
-    for n, by in sorted(levels.items()):
-        pin, patched = by.get("pin") or [], by.get("patched") or []
-        ratio = round((sum(patched) / len(patched)) / (sum(pin) / len(pin)), 3) if pin and patched else None
-        rows.append({"streams": n, "pin_tps": pin, "patched_tps": patched, "ratio_of_means": ratio})
-    return {"model": conc.get("model"), "rows": rows}
-
-
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
+
+
+def _levels_by_column(conc: dict[str, Any]) -> dict[int, dict[str, dict[str, list[float]]]]:
+    """scripts/gpu-concurrency's runs -> {streams: {column: {"tps": [each run's aggregate], "forwards_per_step": [...]}}}."""
+    levels: dict[int, dict[str, dict[str, list[float]]]] = {}
+    for run in conc.get("runs", []):
+        for lv in (run.get("result") or {}).get("levels", []):
+            col = levels.setdefault(lv["concurrency"], {}).setdefault(run["build"], {"tps": [], "forwards_per_step": []})
+            col["tps"].append(round(lv["aggregate_tps"], 1))
+            if lv.get("forwards_per_step") is not None:
+                col["forwards_per_step"].append(lv["forwards_per_step"])
+    return dict(sorted(levels.items()))
+
+
+def _concurrency(conc: dict[str, Any]) -> dict[str, Any]:
+    """scripts/gpu-concurrency's runs (pin, patched, patched, pin) -> per level: each run's aggregate tokens/s and the ratio of means."""
+    rows = []
+    for n, by in _levels_by_column(conc).items():
+        pin, patched = (by.get("pin") or {}).get("tps", []), (by.get("patched") or {}).get("tps", [])
+        ratio = round(_mean(patched) / _mean(pin), 3) if pin and patched else None
+        rows.append({"streams": n, "pin_tps": pin, "patched_tps": patched, "ratio_of_means": ratio})
+    return {"model": conc.get("model"), "rows": rows}
 
 
 def _serving(run: dict[str, Any]) -> dict[str, Any]:
@@ -137,16 +145,9 @@ def _serving(run: dict[str, Any]) -> dict[str, Any]:
         conc = run.get(key)
         if not conc:
             continue
-        levels: dict[int, dict[str, dict[str, list[float]]]] = {}
-        for r in conc.get("runs", []):
-            for lv in (r.get("result") or {}).get("levels", []):
-                col = levels.setdefault(lv["concurrency"], {}).setdefault(r["build"], {"tps": [], "forwards_per_step": []})
-                col["tps"].append(round(lv["aggregate_tps"], 1))
-                if lv.get("forwards_per_step") is not None:
-                    col["forwards_per_step"].append(lv["forwards_per_step"])
         cols = conc.get("columns") or []
         rows = []
-        for n, by in sorted(levels.items()):
+        for n, by in _levels_by_column(conc).items():
             base = by.get(cols[0] if cols else "pin")
             rows.append({"streams": n, "columns": by, "ratio_of_means": {c: round(_mean(v["tps"]) / _mean(base["tps"]), 3)
                                                                          for c, v in by.items()} if base else {}})
