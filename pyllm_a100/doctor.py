@@ -145,7 +145,7 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
         report["active_bytes_per_token"] = weights.active_bytes
         findings.append(Finding("ok", f"decode ceiling {ceiling:.0f} tokens/s ({weights.active_bytes / 1e9:.2f} GB of weights "
                                       f"per token at {bandwidth / 1e12:.2f} TB/s)"
-                                      + ("; DeepSeek-V4 reached 12-14 % of it on H200s (docs/benchmarks.md)" if arch == "deepseek4" else "")))
+                                      + ("; DeepSeek-V4 reached 12-14 % of it on H200s (lab/notes/benchmarks.md)" if arch == "deepseek4" else "")))
     total_vram = sum(g.memory_total for g in gpus)
     findings.append(Finding("ok" if files.total_bytes < total_vram else "error",
                             f"model {files.total_bytes / 2**30:.1f} GiB vs {total_vram / 2**30:.1f} GiB of VRAM on {len(gpus)} GPU(s)"))

@@ -15,6 +15,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PYLLM = Path(sys.executable).parent / "pyllm"
+# `import lab` (the GPU lab's instruments some tests use) from this checkout; at the END of sys.path, so that
+# `pyllm_a100` still comes from the installed package and its build
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -51,9 +51,10 @@ def test_few_top_level_modules_and_none_too_long() -> None:
     assert len(top) <= 12, top
     long_modules = [f"{p.relative_to(REPO)} ({n})" for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 700]
     assert not long_modules, long_modules
-    scripts = [p for d in ("scripts", "benchmarks") for p in (REPO / d).iterdir() if p.is_file() and p.suffix in ("", ".py")]
-    long_scripts = [f"{p.relative_to(REPO)} ({n})" for p in scripts if (n := len(p.read_text().splitlines())) > 300]
-    assert not long_scripts, long_scripts
+    # the lab (outside the wheel) has the same cap for its modules and scripts, so nothing moves into the package to fit
+    lab = [*(REPO / "lab").rglob("*.py"), *(p for p in (REPO / "lab" / "scripts").iterdir() if p.suffix == "")]
+    long_lab = [f"{p.relative_to(REPO)} ({n})" for p in lab if (n := len(p.read_text().splitlines())) > 700]
+    assert not long_lab, long_lab
 
 
 def test_docs_architecture_and_the_readme_layout_follow_the_tree() -> None:

@@ -98,7 +98,7 @@ def test_plan_arguments_are_checked() -> None:
 
 def test_local_file_estimate_within_10_percent_of_llama_servers_buffers(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     """The real llama-server on this CPU build: model, KV and compute buffers as it logs them vs the estimate."""
-    from pyllm_a100.bench.memcheck import measure
+    from lab.bench.memcheck import measure
 
     for ctx, slots in ((2048, 4), (8192, 2)):
         result = measure(tiny_models["tiny-glm-dsa"], ctx, slots, log_path=tmp_path / f"s-{ctx}.log")
@@ -266,13 +266,13 @@ def test_a_tensor_type_unknown_to_the_build_is_refused_before_llama_cpp_starts(t
 
 
 def test_estimate_is_within_ten_percent_of_the_gpu_run() -> None:
-    """Issue 18's criterion on the committed 2x H200 run of the real-shape GLM-5 (scripts/gpu-check --only glm5):
+    """Issue 18's criterion on the committed 2x H200 run of the real-shape GLM-5 (lab/scripts/gpu-check --only glm5):
     the estimate for the same file, context and slots against NVML's used memory per GPU."""
     import json
 
     from pyllm_a100.models import memplan
 
-    run = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results" / "gpu-check-2026-11-30-glm5.json")
+    run = json.loads((Path(__file__).resolve().parents[1] / "lab" / "results" / "gpu-check-2026-11-30-glm5.json")
                      .read_text())["steps"]["glm5"]["result"]
     m = run["model"]
     shape = next(s for s in memplan.preset_shapes(m["preset"], layers=m["layers"], experts=m["experts"]) if s.label == m["type"])

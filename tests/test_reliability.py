@@ -366,11 +366,11 @@ def test_no_import_cycle_between_package_modules() -> None:
 
 
 def test_reliability_md_is_the_rendered_one() -> None:
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "reliability"), "render", "--check"],
+    result = subprocess.run([sys.executable, str(REPO / "lab" / "scripts" / "reliability"), "render", "--check"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr + result.stdout
     text = (REPO / "docs" / "reliability.md").read_text()
-    assert "scripts/reliability run" in text
+    assert "lab/scripts/reliability run" in text
     for section in ("## Bad inputs", "## HTTP bad inputs", "## Load", "## Faults", "## Security"):
         assert section in text
 

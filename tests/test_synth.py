@@ -281,7 +281,7 @@ def _activation_probe():
     import importlib.machinery
     import importlib.util
 
-    loader = importlib.machinery.SourceFileLoader("activation_rms", str(Path(__file__).resolve().parents[1] / "scripts" / "activation-rms"))
+    loader = importlib.machinery.SourceFileLoader("activation_rms", str(Path(__file__).resolve().parents[1] / "lab" / "scripts" / "activation-rms"))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
     loader.exec_module(module)
     return module
@@ -289,7 +289,7 @@ def _activation_probe():
 
 @pytest.mark.parametrize("preset", TINY_PRESETS)
 def test_activations_stay_in_the_range_of_a_trained_model(preset: str, tiny_models: dict[str, Path], tmp_path: Path) -> None:
-    """The real llama.cpp on the CPU, read through an eval callback (scripts/activation-rms): a residual stream
+    """The real llama.cpp on the CPU, read through an eval callback (lab/scripts/activation-rms): a residual stream
     near unit RMS that each layer changes by a fraction, K rows at unit RMS, logits spread like a trained
     model's, routers that are not tied."""
     import numpy as np

@@ -289,7 +289,7 @@ TREE = REPO / "vendor" / "llama.cpp"
 
 @pytest.fixture(scope="module")
 def chat_parse_check(native_dir: Path, info: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """scripts/chat-parse-check.cpp built against the installed libllama-common (the pin's chat code, our patches)."""
+    """lab/scripts/chat-parse-check.cpp built against the installed libllama-common (the pin's chat code, our patches)."""
     import shutil
     import subprocess
 
@@ -299,7 +299,7 @@ def chat_parse_check(native_dir: Path, info: dict, tmp_path_factory: pytest.Temp
         pytest.skip("needs g++ and the llama.cpp tree the build used (build-info source_tree, or vendor/llama.cpp)")
     exe = tmp_path_factory.mktemp("chat-check") / "chat-parse-check"
     include = [f"-I{tree / d}" for d in ("common", "include", "ggml/include", "vendor")]
-    subprocess.run(["g++", "-O1", "-std=c++17", *include, "-o", str(exe), str(REPO / "scripts" / "chat-parse-check.cpp"),
+    subprocess.run(["g++", "-O1", "-std=c++17", *include, "-o", str(exe), str(REPO / "lab" / "scripts" / "chat-parse-check.cpp"),
                     f"-L{native_dir}", "-lllama-common", "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{native_dir}"],
                    check=True, capture_output=True, timeout=300)
     return exe

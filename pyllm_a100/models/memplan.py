@@ -193,7 +193,7 @@ def compute_bytes(shape: Shape, ctx: int, slots: int, *, n_ubatch: int = N_UBATC
     with n_kv and the top-k tensors that grow with min(n_kv, top_k) (indices and the zero rows scattered into
     the mask, llama-graph.cpp:3079-3088); at the output, the F32 logits of one output per slot. The factors are fitted on llama-server's
     CPU reserve (docs/memory-plan.md: tiny-glm-dsa and glm-5 cut to 4 layers); the GPU figure is checked by
-    scripts/gpu-check --only memory-plan.
+    lab/scripts/gpu-check --only memory-plan.
     """
     n_embd = int(shape.get("embedding_length") or 0)
     n_head = int(shape.get("attention.head_count") or 1)

@@ -40,7 +40,7 @@ DEFAULT_CTX = 16384
 SPLIT_MODES = ("layer", "tensor", "none")
 # Request slots when --parallel is not given: pyllm serve passes --parallel N --kv-unified, N slots sharing
 # the pool of --ctx-size tokens, so one slot can still hold a long conversation (None would leave
-# llama-server's own 4 slots). 16 from docs/benchmarks.md, "Concurrency" (2x H200, real-shape V4 cut to
+# llama-server's own 4 slots). 16 from lab/notes/benchmarks.md, "Concurrency" (2x H200, real-shape V4 cut to
 # 4 layers): at 16 streams 1.22x the aggregate of llama-server's 4 slots and TTFT p50 0.25 s instead of
 # 1.53 s (requests stop queueing), one stream as fast as before. doctor says how many slots of the full
 # context fit the memory left (slots.suggest).

@@ -1,6 +1,6 @@
 """The chat template each family's presets embed, and what it means for tool calls and reasoning.
 
-One source for `pyllm synth` (the template a GGUF carries), scripts/render-compat (the README's
+One source for `pyllm synth` (the template a GGUF carries), lab/scripts/render-compat (the README's
 "tool calls / reasoning" column and its table of thinking switches) and tests/test_tools.py (the
 kwargs that switch thinking, checked there against the templates' own generation prompts). Plain
 data with no package imports: render-compat loads this file by path, with or without a build.

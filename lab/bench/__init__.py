@@ -1,0 +1,1 @@
+"""The GPU lab's measuring helpers: scripts and benchmarks under lab/ import these; the package never does."""

@@ -1,0 +1,42 @@
+"""llama-batched-bench side by side: N sequences decoding together, one ubatch of N tokens a step (sequence ids
+0..N-1), so the batched kernels of two builds compare without a server's scheduling (lab/scripts/gpu-decode batched)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# 256-token prompts, 64 decode steps; -c 16384 leaves 512 tokens to each of up to 32 sequences
+ARGS = ["-npp", "256", "-ntg", "64", "-c", "16384", "-b", "2048", "-ub", "512", "-ngl", "99", "-fa", "on",
+        "--output-format", "jsonl"]
+
+
+def run(exe: str | os.PathLike[str], model: str | os.PathLike[str], npl: str, *, env: dict[str, str] | None = None,
+        timeout: float = 900) -> list[dict[str, Any]]:
+    """One llama-batched-bench run: its JSON line per sequence count (pl, speed_tg, speed_pp, ...)."""
+    p = subprocess.run([str(exe), "-m", str(model), "-npl", npl, *ARGS], capture_output=True, text=True, timeout=timeout, env=env)
+    if p.returncode:
+        raise RuntimeError(f"llama-batched-bench rc={p.returncode}: {p.stderr[-800:]}")
+    return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+
+
+def side_by_side(columns: Sequence[str], run_column: Callable[[str], list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Every column in order, then reversed (a drift of the machine shows between one column's two runs): per
+    column and sequence count each round's decode and prefill tokens/s, their means (tg_tps) and tg_vs_pin."""
+    rows: dict[str, dict[str, Any]] = {}
+    for rnd, col in enumerate([*columns, *columns[::-1]]):
+        mine = rows.setdefault(col, {})
+        try:
+            for r in run_column(col):
+                mine.setdefault(str(r["pl"]), []).append({"round": rnd, "speed_tg": r["speed_tg"], "speed_pp": r["speed_pp"]})
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            mine.setdefault("errors", []).append(str(e)[-800:])
+    for col in rows.values():
+        col["tg_tps"] = {pl: round(sum(x["speed_tg"] for x in v) / len(v), 2) for pl, v in col.items() if pl.isdigit()}
+    base = rows.get("pin", {}).get("tg_tps", {})
+    for col in rows.values():
+        col["tg_vs_pin"] = {pl: round(v / base[pl], 3) for pl, v in col["tg_tps"].items() if base.get(pl)}
+    return rows

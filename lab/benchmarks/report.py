@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Render lab/notes/benchmarks.md (every measured figure) and the short tables of docs/performance.md from the
+measured results (never edit either by hand).
+
+    python lab/benchmarks/report.py [--results lab/benchmarks/results] [--write lab/notes/benchmarks.md]
+
+Inputs: results/cpu.json from lab/benchmarks/run.py (this machine) and results/gpu.json from
+lab/benchmarks/gpu.py (the GPU machine; copied from its output folder); the serving figures
+(concurrency, verify cost, draft runs) from results/gpu-serving-bench.json (lab/benchmarks/gpu.py
+--phases concurrency,verify,speculative --results gpu-serving-bench.json) and
+results/cpu-serving-bench.json (lab/benchmarks/gpu.py --cpu, this machine). Any may be missing:
+its section then says so.
+"""
+
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's renderer (no native build needed)
+
+from lab.bench.decode_results import summarize  # noqa: E402
+from lab.bench.report import render  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=HERE / "results")
+    parser.add_argument("--write", type=Path, default=REPO / "lab" / "notes" / "benchmarks.md")
+    parser.add_argument("--decode", type=Path, default=REPO / "lab" / "results" / "gpu-decode.json",
+                        help="issue 23's decode-path summary (lab/scripts/gpu-decode report, then --summarize-decode)")
+    parser.add_argument("--summarize-decode", type=Path, metavar="RAW",
+                        help="first write --decode from lab/scripts/gpu-decode's raw gpu-decode.json (lab/results/gpu-decode-raw.json)")
+    args = parser.parse_args()
+    if args.summarize_decode:
+        summary = summarize(json.loads(args.summarize_decode.read_text()))
+        args.decode.write_text(json.dumps(summary, indent=1) + "\n")
+        print(f"wrote {args.decode}")
+    args.write.write_text(render(args.results, args.decode if args.decode.is_file() else None))
+    print(f"wrote {args.write}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
