@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 FIELD_TPS = 30.0  # DeepSeek-V4-Flash UD-Q8_K_XL, 8x A100-SXM4-80GB, --split-mode layer (issue #8's field figure)
 A100_BANDWIDTH = 2.039e12  # A100-SXM4-80GB HBM2e, bytes/s (NVIDIA's datasheet)
@@ -460,3 +461,43 @@ hand; `lab/benchmarks/run.py` measures the CPU side, `lab/benchmarks/gpu.py` the
 {cpu_section(cpu)}
 {gpu_section(gpu)}{serving_sections(serving_gpu, serving_cpu, gpu)}
 {section(_load(decode) if decode else None)}"""
+
+
+PERF_TABLE = ("<!-- perf-table -->", "<!-- /perf-table -->")
+
+
+def perf_table(decode: dict[str, Any]) -> str:
+    """docs/performance.md's short table: the pin against our patches on the 43-layer DeepSeek-V4 shape, one run each."""
+    row = next(r for r in decode["rows"] if r["layers"] == 43)
+    serving = decode.get("serving_run") or {}
+    lines = [f"DeepSeek-V4-Flash's real shape ({row['layers']} layers, {row['experts']} routed experts kept, "
+             f"{row['type']}), synthetic weights; {decode['gpu'].split(',')[0]} running the sm_80 code (ratios carry "
+             "to an A100, tokens/s do not: it has ~43 % of the bandwidth). Pin and patched build in the same run; "
+             "all runs and commands: lab/notes/benchmarks.md.", "",
+             "| measurement | llama.cpp pin | pyllm-a100 | ratio |", "| --- | ---: | ---: | ---: |",
+             f"| decode, one stream (llama-bench tg64), tokens/s | {row['pin_tps']:.1f} | {row['patched_tps']:.1f} | "
+             f"{row['decode_ratio']:.2f}x |",
+             f"| prefill, 512-token prompt (llama-bench pp512), tokens/s | {row['pin_prefill_tps']:.0f} | "
+             f"{row['patched_prefill_tps']:.0f} | {row['prefill_ratio']:.2f}x |"]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    for r in (serving.get("concurrency") or {}).get("rows", []):
+        if r["streams"] > 1:
+            pin, ours = mean(r["columns"]["pin"]["tps"]), mean(r["columns"]["patched"]["tps"])
+            lines.append(f"| {r['streams']} streams through llama-server (`-np {serving['concurrency']['parallel']}`), "
+                         f"aggregate tokens/s | {pin:.1f} | {ours:.1f} | {ours / pin:.2f}x |")
+    for r in serving.get("batched", []):
+        if r["sequences"] > 1:
+            lines.append(f"| {r['sequences']} sequences in one batch (llama-batched-bench), tokens/s | "
+                         f"{mean(r['pin_tps']):.1f} | {mean(r['patched_tps']):.1f} | {r['ratio_of_means']:.2f}x |")
+    lines.append(f"| share of the H200's HBM ceiling at one stream | {row['pin_pct_of_ceiling']} % | "
+                 f"{row['patched_pct_of_ceiling']} % | |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_between(text: str, markers: tuple[str, str], body: str) -> str:
+    """``text`` with what stands between the two marker lines replaced by ``body``."""
+    begin, end = markers
+    if begin not in text or end not in text:
+        raise ValueError(f"no {begin} ... {end} markers: add them where the table belongs")
+    head, rest = text.split(begin, 1)
+    return f"{head}{begin}\n{body}{end}{rest.split(end, 1)[1]}"

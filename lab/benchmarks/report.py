@@ -25,7 +25,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's renderer (no native build needed)
 
 from lab.bench.decode_results import summarize  # noqa: E402
-from lab.bench.report import render  # noqa: E402
+from lab.bench.report import PERF_TABLE, perf_table, render, replace_between  # noqa: E402
 
 
 def main() -> int:
@@ -36,13 +36,27 @@ def main() -> int:
                         help="issue 23's decode-path summary (lab/scripts/gpu-decode report, then --summarize-decode)")
     parser.add_argument("--summarize-decode", type=Path, metavar="RAW",
                         help="first write --decode from lab/scripts/gpu-decode's raw gpu-decode.json (lab/results/gpu-decode-raw.json)")
+    parser.add_argument("--performance", type=Path, nargs="+", default=[REPO / "docs" / "performance.md", REPO / "README.md"],
+                        help="the documents whose short table (perf-table markers) is rendered from --decode")
+    parser.add_argument("--check", action="store_true", help="exit 1 if --write or --performance differ from what the results give")
     args = parser.parse_args()
     if args.summarize_decode:
         summary = summarize(json.loads(args.summarize_decode.read_text()))
         args.decode.write_text(json.dumps(summary, indent=1) + "\n")
         print(f"wrote {args.decode}")
-    args.write.write_text(render(args.results, args.decode if args.decode.is_file() else None))
-    print(f"wrote {args.write}")
+    decode = args.decode if args.decode.is_file() else None
+    outputs = {args.write: render(args.results, decode)}
+    if decode is not None:
+        short = perf_table(json.loads(decode.read_text()))
+        outputs.update({path: replace_between(path.read_text(), PERF_TABLE, short) for path in args.performance})
+    for path, text in outputs.items():
+        if args.check:
+            if not path.is_file() or path.read_text() != text:
+                print(f"error: {path} is not what the results give: run python lab/benchmarks/report.py", file=sys.stderr)
+                return 1
+            continue
+        path.write_text(text)
+        print(f"wrote {path}")
     return 0
 
 

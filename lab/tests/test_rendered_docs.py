@@ -34,7 +34,7 @@ def test_tool_column_and_thinking_table_come_from_the_chat_formats(tmp_path: Pat
     for arch, fmt in chat.CHAT_FORMATS.items():
         (row,) = [line for line in rows if f"| `{arch}` |" in line]
         assert row.rstrip(" |").endswith(f"{fmt.tool_calls} ({fmt.parser}); thinking off: `chat_template_kwargs` {fmt.switches()}")
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "serving.md").read_text()
     table = readme.split("<!-- thinking-table -->")[1].split("<!-- /thinking-table -->")[0]
     assert all(f"`{fmt.template}`" in table and fmt.switches() in table for fmt in chat.CHAT_FORMATS.values())
 
@@ -62,11 +62,20 @@ def test_status_follows_the_results(tmp_path: Path) -> None:
     assert "2026-01-01, 2026-02-01" in after
 
 
+def test_performance_tables_are_the_rendered_ones() -> None:
+    """docs/performance.md's and README.md's short tables are rendered from lab/results/gpu-decode.json."""
+    result = subprocess.run([sys.executable, str(REPO / "lab" / "benchmarks" / "report.py"), "--check"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "| decode, one stream (llama-bench tg64), tokens/s |" in (REPO / "README.md").read_text()
+
+
 def test_benchmarks_md_is_the_rendered_one(tmp_path: Path) -> None:
     """lab/notes/benchmarks.md is generated from lab/benchmarks/results/*.json, never edited by hand."""
-    out = tmp_path / "benchmarks.md"
-    result = subprocess.run([sys.executable, str(REPO / "lab" / "benchmarks" / "report.py"), "--write", str(out)],
-                            capture_output=True, text=True, timeout=120)
+    out, perf = tmp_path / "benchmarks.md", tmp_path / "performance.md"
+    shutil.copy(REPO / "docs" / "performance.md", perf)
+    result = subprocess.run([sys.executable, str(REPO / "lab" / "benchmarks" / "report.py"), "--write", str(out),
+                             "--performance", str(perf)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert out.read_text() == (REPO / "lab" / "notes" / "benchmarks.md").read_text(), "run: python lab/benchmarks/report.py"
 

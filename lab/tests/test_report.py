@@ -19,8 +19,9 @@ def test_report_renders_the_serving_sections_of_a_gpu_run(tmp_path: Path) -> Non
     spec.update(model=data["phases"]["verify"]["model"], draft="synthetic DSpark draft (random weights)")
     spec["run"].update(accepted=1, drafted=700, acceptance=1 / 700, steps=250)
     (tmp_path / "gpu-serving-bench.json").write_text(json.dumps(data))
-    out = tmp_path / "benchmarks.md"
-    result = subprocess.run([sys.executable, str(repo / "lab" / "benchmarks" / "report.py"), "--results", str(tmp_path), "--write", str(out)],
+    out, perf = tmp_path / "benchmarks.md", tmp_path / "performance.md"
+    perf.write_text("<!-- perf-table -->\n<!-- /perf-table -->\n")
+    result = subprocess.run([sys.executable, str(repo / "lab" / "benchmarks" / "report.py"), "--results", str(tmp_path), "--write", str(out), "--performance", str(perf)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     text = out.read_text()
@@ -32,6 +33,6 @@ def test_report_renders_the_serving_sections_of_a_gpu_run(tmp_path: Path) -> Non
     del data["phases"]["speculative"]["run"]
     data["phases"]["speculative"]["skipped"] = "this package has no deepseek-v4-flash-dspark preset yet"
     (tmp_path / "gpu-serving-bench.json").write_text(json.dumps(data))
-    subprocess.run([sys.executable, str(repo / "lab" / "benchmarks" / "report.py"), "--results", str(tmp_path), "--write", str(out)],
+    subprocess.run([sys.executable, str(repo / "lab" / "benchmarks" / "report.py"), "--results", str(tmp_path), "--write", str(out), "--performance", str(perf)],
                    check=True, timeout=120)
     assert "**Draft run**: not measured: this package has no deepseek-v4-flash-dspark preset yet" in out.read_text()

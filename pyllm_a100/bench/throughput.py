@@ -187,6 +187,17 @@ def candidates(architecture: str, n_gpus: int) -> list[Candidate]:
     return out
 
 
+def serve_and_run(model: Any, *, prompt_tokens: int = 512, gen_tokens: int = 128, concurrency: int = 1, repeat: int = 3,
+                  ctx_size: int | None = None, tensor_split: str | None = None) -> BenchResult:
+    """:func:`run` against a managed server of ``model`` started for it (one slot per client), stopped after."""
+    from ..serve.server import Server
+
+    with Server(model, port=0, ctx_size=ctx_size or 4096, tensor_split=tensor_split, parallel=concurrency,
+                ready_timeout=3600) as server:
+        return run(server.base_url, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, concurrency=concurrency,
+                   repeat=repeat)
+
+
 @dataclasses.dataclass
 class TuneRow:
     candidate: Candidate

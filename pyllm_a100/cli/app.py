@@ -55,7 +55,7 @@ app.command("doctor")(doctor.doctor_cmd)
 app.command("fetch")(models.fetch_cmd)
 app.command("models")(models.models_cmd)
 app.command("rpc-worker")(serving.rpc_worker_cmd)
-app.command("bench")(bench.bench_cmd)
+app.add_typer(bench.bench_app, name="bench")
 app.command("tune")(bench.tune_cmd)
 app.command("_supervise", hidden=True)(serving.supervise_cmd)
 app.command("ps")(serving.ps_cmd)
@@ -81,7 +81,10 @@ def main() -> None:
 
     click_exception, usage_error, no_args, aborts = _click_errors()
     try:
-        code = app(standalone_mode=False)
+        args = sys.argv[1:]
+        if args[:1] == ["bench"]:  # `pyllm bench MODEL --verify-cost ...` of earlier releases -> its subcommand
+            args = ["bench", *bench.legacy_argv(args[1:])]
+        code = app(args=args, standalone_mode=False)
     except (KeyboardInterrupt, *aborts):
         err.print("interrupted")
         sys.exit(130)

