@@ -15,9 +15,13 @@ ARGS = ["-npp", "256", "-ntg", "64", "-c", "16384", "-b", "2048", "-ub", "512", 
 
 
 def run(exe: str | os.PathLike[str], model: str | os.PathLike[str], npl: str, *, env: dict[str, str] | None = None,
-        timeout: float = 900) -> list[dict[str, Any]]:
-    """One llama-batched-bench run: its JSON line per sequence count (pl, speed_tg, speed_pp, ...)."""
-    p = subprocess.run([str(exe), "-m", str(model), "-npl", npl, *ARGS], capture_output=True, text=True, timeout=timeout, env=env)
+        timeout: float = 900, args: list[str] | None = None, log: list[str] | None = None) -> list[dict[str, Any]]:
+    """One llama-batched-bench run: its JSON line per sequence count (pl, speed_tg, speed_pp, ...). ``args`` replace
+    ARGS; ``log`` (a list) gets the program's stderr (its device lines: lab/bench/dispatch.py reads the capability)."""
+    p = subprocess.run([str(exe), "-m", str(model), "-npl", npl, *(ARGS if args is None else args)], capture_output=True,
+                       text=True, timeout=timeout, env=env)
+    if log is not None:
+        log.append(p.stderr)
     if p.returncode:
         raise RuntimeError(f"llama-batched-bench rc={p.returncode}: {p.stderr[-800:]}")
     return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
