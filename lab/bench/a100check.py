@@ -101,8 +101,13 @@ def count(text: str, rc: int | str | None, job: dict) -> dict:
         failed = run - passed
     else:  # no summary: a timeout or a crash; the backend's closing OK/FAIL lines are not printed then either
         passed, failed = oks, fails
-    if "Failing tests:" in txt:  # the closing list (test mode prints it after the summary)
-        failing = [ln.strip() for ln in txt.split("Failing tests:", 1)[1].splitlines() if "(" in ln]
+    if "Failing tests:" in txt:  # the closing list (test mode prints it after the summary): "  OP(params)" lines
+        failing = []
+        for ln in txt.split("Failing tests:", 1)[1].splitlines()[1:]:
+            m = re.match(r"^  ([^\s(]+\(.*\))\s*$", ln)
+            if not m:
+                break
+            failing.append(m[1])
     else:  # the case lines themselves ("  OP(params): ... FAIL")
         failing = [ln.strip().rsplit(": ", 1)[0] for ln in txt.splitlines() if ln.rstrip().endswith("FAIL") and "(" in ln]
     reported = passed + failed
