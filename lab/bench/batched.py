@@ -40,7 +40,8 @@ def side_by_side(columns: Sequence[str], run_column: Callable[[str], list[dict[s
             mine.setdefault("errors", []).append(str(e)[-800:])
     for col in rows.values():
         col["tg_tps"] = {pl: round(sum(x["speed_tg"] for x in v) / len(v), 2) for pl, v in col.items() if pl.isdigit()}
-    base = rows.get("pin", {}).get("tg_tps", {})
-    for col in rows.values():
+    for name, col in rows.items():  # against the pin of the same dispatch (pin, or pin@a100 for a column@a100)
+        at = name.rpartition("@")[2] if "@" in name else ""
+        base = rows.get("pin" + (f"@{at}" if at else ""), {}).get("tg_tps", {})
         col["tg_vs_pin"] = {pl: round(v / base[pl], 3) for pl, v in col["tg_tps"].items() if base.get(pl)}
     return rows

