@@ -20,8 +20,6 @@ import subprocess
 import time
 from pathlib import Path
 
-from lab.bench import dispatch as dsp
-
 CORPUS = Path(__file__).with_name("kld-corpus.txt")  # our own prose, ~3200 SmolLM2 tokens
 CTX = 512
 
@@ -40,6 +38,19 @@ RULE = ("every GPU figure (mean KLD, 99.9 % and 99 % KLD, same-top-token %, PPL(
 
 class KldError(RuntimeError):
     """A step of the KLD check failed: the message names the step and the log line that says why."""
+
+
+def _dispatch():
+    """lab/bench/dispatch.py (standard library too), by its path: render-compat loads this file alone, by path."""
+    import importlib.util
+    import sys
+
+    if "lab_bench_dispatch" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("lab_bench_dispatch", Path(__file__).parents[1] / "bench" / "dispatch.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["lab_bench_dispatch"]
 
 
 def tools(bin_dir: Path) -> dict[str, Path]:
@@ -168,6 +179,7 @@ def kld_run(perplexity: Path, model: Path, base: Path, logs: Path, label: str, c
     log = logs / f"kld-{label}.log"
     argv = _ppl_argv(perplexity, model, ctx, gpu, threads, "--kl-divergence-base", str(base), "--kl-divergence", *extra)
     text = _run(argv, log, env_extra=env)
+    dsp = _dispatch()
     rec = dsp.record(dsp.current(dict(os.environ, **(env or {}))), text)
     run = {"label": label, "device": "gpu" if gpu else "cpu", **parse(text), **facts(text),
            "dispatch": rec["dispatch"], "reported_capability": rec["reported_capability"],
@@ -241,7 +253,7 @@ def check(bin_dir: Path, model: Path, out: Path, work: Path, *, corpus: Path = C
         runs.append(kld_run(exe["llama-perplexity"], model, base, logs, "gpu", ctx, True, None, env=gpu_env))
     result["runs"] = runs
     gpu_runs = [r for r in runs if r["device"] == "gpu"]
-    result["dispatch"] = gpu_runs[0]["dispatch"] if gpu_runs else dsp.current()
+    result["dispatch"] = gpu_runs[0]["dispatch"] if gpu_runs else _dispatch().current()
     result["reported_capability"] = gpu_runs[0]["reported_capability"] if gpu_runs else runs[0].get("reported_capability")
     result["verdict"] = verdict(runs)
     result["seconds"] = round(time.monotonic() - started, 1)
