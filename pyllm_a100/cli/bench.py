@@ -47,7 +47,7 @@ def run_cmd(
     url: Url = None,
     prompt_tokens: PromptTokens = 512,
     gen_tokens: GenTokens = 128,
-    concurrency: Annotated[int, typer.Option(help="Requests in flight at once (the server gets one slot per client).")] = 1,
+    concurrency: Annotated[str, typer.Option(help="Requests in flight at once (the server gets one slot per client).")] = "1",
     repeat: Repeat = 3,
     tensor_split: TensorSplit = None,
     ctx_size: Annotated[Optional[int], typer.Option(help="With MODEL: context length.")] = None,
@@ -56,8 +56,13 @@ def run_cmd(
 ) -> None:
     """Prefill and decode tokens/s and time to first token, at one concurrency level."""
     from ..bench import throughput
+    from ..bench.concurrency import parse_levels
 
     _model_or_url(model, url)
+    levels = parse_levels(concurrency)
+    if len(levels) > 1:
+        raise throughput.BenchError(f"--concurrency {concurrency}: run measures one level; several: pyllm bench concurrency")
+    concurrency = levels[0]
     if url is not None:
         result = throughput.run(url, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, concurrency=concurrency,
                                 repeat=repeat, api_key=api_key)
