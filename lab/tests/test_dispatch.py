@@ -147,8 +147,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     shim = dispatch.build_shim(d / "a100-dispatch.so")
     (d / "fake.c").write_text(FAKE_CUDART)
     (d / "probe.c").write_text(PROBE)
-    subprocess.run(["gcc", "-shared", "-fPIC", f"-I{inc}", "-Wl,-soname,libcudart.so.13", "-o", str(d / "libcudart.so.13"),
-                    str(d / "fake.c")], check=True)
+    (d / "version.map").write_text("libcudart.so.13 { global: *; };\n")  # versioned exports, as the real libcudart's
+    subprocess.run(["gcc", "-shared", "-fPIC", f"-I{inc}", "-Wl,-soname,libcudart.so.13", f"-Wl,--version-script={d / 'version.map'}",
+                    "-o", str(d / "libcudart.so.13"), str(d / "fake.c")], check=True)
     subprocess.run(["gcc", f"-I{inc}", "-o", str(d / "probe"), str(d / "probe.c"), str(d / "libcudart.so.13"),
                     f"-Wl,-rpath,{d}"], check=True)
     return {"dir": d, "shim": shim, "probe": d / "probe"}
@@ -174,6 +175,10 @@ def test_the_shim_compiles_as_documented_and_exports_the_wrapped_functions(tmp_p
 
 @needs_cuda_headers
 def test_without_the_shim_the_stand_in_answers_like_an_h200(built: dict[str, Path]) -> None:
+    """The probe takes cudaGetDeviceProperties@libcudart.so.13 (a versioned reference, as libggml-cuda.so does): the
+    unversioned definitions of the preloaded shim still come first, and dlsym(RTLD_NEXT) finds the versioned ones."""
+    nm = subprocess.run(["nm", "-D", "--undefined-only", str(built["probe"])], capture_output=True, text=True).stdout
+    assert "cudaGetDeviceProperties@libcudart.so.13" in nm
     out = run_probe(built, preload=False)
     assert "props NVIDIA H200 9.0 sms=132 optin=232448 persm=233472 l2=62914560 smpb=49152" in out.stdout
     assert "attrs 9 0 132 232448 233472 62914560 1" in out.stdout
