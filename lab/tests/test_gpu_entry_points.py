@@ -116,6 +116,38 @@ def test_gpu_build_reports_a_patch_that_does_not_apply(tmp_path: Path) -> None:
     assert not (tmp_path / "w" / "pin-bin").exists()
 
 
+def test_gpu_build_builds_a_patched_tree_into_label_bin(tmp_path: Path) -> None:
+    """The success path on a stand-in tree (a CMake project with a llama-bench target): extracted from an archive,
+    patched with fuzz 0, configured with the sm_80 line (--sass90 too: the stand-in ignores CUDA, and without a CUDA library
+    to read the JSON says it was only requested), built, copied to WORK/pin-bin with its .built marker."""
+    import tarfile
+
+    tree = tmp_path / "t" / "llama.cpp"
+    (tree / "ggml").mkdir(parents=True)
+    (tree / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.14)\nproject(fake C)\n"
+                                         "set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
+                                         "add_executable(llama-bench main.c)\nadd_executable(unused main.c)\n")
+    (tree / "main.c").write_text('#include <stdio.h>\nint main(void) { puts("pin"); return 0; }\n')
+    with tarfile.open(tmp_path / "src.tar.gz", "w:gz") as tar:
+        tar.add(tree, arcname="llama.cpp")
+    patches = tmp_path / "p"
+    patches.mkdir()
+    (patches / "0001-say-patched.patch").write_text(
+        "From 1 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] say patched\n\n---\n"
+        "--- a/main.c\n+++ b/main.c\n@@ -1,2 +1,2 @@\n #include <stdio.h>\n"
+        '-int main(void) { puts("pin"); return 0; }\n+int main(void) { puts("patched"); return 0; }\n')
+    env = dict(fakes.env_without_preload(), GPU_DECODE_PATCHES=str(patches))
+    result = script("gpu-build", "--src", str(tmp_path / "src.tar.gz"), "--work", str(tmp_path / "w"), "pin", "--sass90",
+                    "--targets", "llama-bench", "--jobs", "2", env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    res = json.loads((tmp_path / "w" / "results" / "build-pin.json").read_text())
+    assert res["ok"] and res["patches"] == ["0001-say-patched.patch"] and res["sass90"].startswith("requested")
+    assert "-DCMAKE_CUDA_ARCHITECTURES=80-virtual" in res["cmake"]
+    built = tmp_path / "w" / "pin-bin"
+    assert subprocess.run([str(built / "llama-bench")], capture_output=True, text=True).stdout == "patched\n"
+    assert json.loads((built / ".built").read_text())["label"] == "pin" and not (built / "unused").exists()
+
+
 REEXEC = """
 import os, sys
 sys.path.insert(0, {repo!r})
