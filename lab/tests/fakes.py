@@ -100,6 +100,38 @@ if mode == "test":
 sys.exit(0 if ok == run else 1)
 '''
 
+# llama-server: /health, and /completion with greedy tokens that depend on the build and the dispatch: patched's top
+# log-probabilities differ from the pin's in the last bits; under the shim, the long prompt's tokens part from native at 40
+SERVER = COMMON + r'''
+import http.server
+port = int(opt("--port"))
+patched = "patched" in here
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def reply(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        self.reply({"status": "ok"})
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = req.get("n_predict", 8)
+        toks = [(len(req["prompt"]) * 13 + i * 7) % 1000 for i in range(n)]
+        if a100 and n > 40 and len(req["prompt"]) > 100:  # the long prompt: other kernels under the A100 dispatch
+            toks[40] += 1
+        lp = [[{"logprob": -0.5 * (i % 3) - (1e-7 if patched else 0.0)}] for i in range(n)]
+        self.reply({"tokens": toks, "completion_probabilities": [{"top_logprobs": x} for x in lp],
+                    "timings": {"predicted_per_second": 100.0 * speed}})
+sys.stderr.write("main: server is listening on http://127.0.0.1:%d\n" % port)
+sys.stderr.flush()
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
 COMPLETION = COMMON + r'''
 print("The capital of France is Paris, and its river is the Seine.")
 '''
@@ -135,6 +167,7 @@ def builds(work: Path, labels: tuple[str, ...] = ("pin", "patched")) -> None:
         write(work / f"{label}-bin", "llama-batched-bench", BATCHED_BENCH)
         write(work / f"{label}-bin", "test-backend-ops", BACKEND_OPS)
         write(work / f"{label}-bin", "llama-completion", COMPLETION)
+        write(work / f"{label}-bin", "llama-server", SERVER)
     for name in ("v4-4l", "v4-43l"):
         (work / f"{name}.gguf").write_bytes(b"GGUF")
 

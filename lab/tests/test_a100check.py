@@ -97,7 +97,8 @@ def test_bad_arguments_are_one_usage_error(args: list[str], message: str, tmp_pa
 def test_ops_and_sanitizer_stages_over_stand_ins(tmp_path: Path) -> None:
     """Both builds under the A100 dispatch (the default): every listed op run, FLASH_ATTN_EXT in parts, the hsk=576
     part cut by its 3 s timeout (its case counted as not run), ADD's failing case named; the capability 8.0 read back
-    from each process; then the sanitizer stage over a compute-sanitizer stand-in; the report holds both."""
+    from each process; then the sanitizer stage over a compute-sanitizer stand-in, and the tokens stage over stand-in
+    llama-servers; the report holds all three."""
     work = tmp_path / "work"
     fakes.builds(work)
     (work / "tiny-v4.gguf").write_bytes(b"GGUF")
@@ -105,7 +106,7 @@ def test_ops_and_sanitizer_stages_over_stand_ins(tmp_path: Path) -> None:
     fakes.sanitizer(tmp_path / "tools")
     env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"), PATH=f"{tmp_path / 'tools'}{os.pathsep}{os.environ['PATH']}")
     result = run("--work", str(work), "--dispatch-shim", str(shim), "--part-timeout", "3", "--parallel", "4", "ops",
-                 "sanitizer", env=env)
+                 "sanitizer", "tokens", env=env)
     assert result.returncode == 1, result.stdout + result.stderr  # ADD fails and a part timed out: the stage says so
     assert "ops failed: RuntimeError: failing ADD; unfinished FLASH_ATTN_EXT[hsk=576]" in result.stdout
     data = json.loads((tmp_path / "out" / "gpu-a100-dispatch.json").read_text())
@@ -127,6 +128,9 @@ def test_ops_and_sanitizer_stages_over_stand_ins(tmp_path: Path) -> None:
     assert set(runs) == {"memcheck v4-4l -n 8", "racecheck v4-4l -n 2", "memcheck tiny-v4 -n 8", "racecheck tiny-v4 -n 2"}
     assert all(r["errors"] == 0 and r["finished"] and r["reported_capability"] == "8.0" for r in runs.values())
     assert "llama-completion" in runs["memcheck v4-4l -n 8"]["command"] and data["parts"]["sanitizer"]["ok"] is True
+    tokens = data["tokens"]
+    assert tokens["all_equal"] is True and tokens["reported_capability"]["patched@a100"] == "8.0"
+    assert "gpu-token-check" in tokens["script"] and tokens["summary"]["patched@a100:v4-4l:p300"]["equal_to_native"] is False
     text = (tmp_path / "out" / "gpu-a100-dispatch.txt").read_text()
     assert "[ops] pin@a100: cc 8.0, 7/9 passed, 1 failed, 1 not supported, 1 not run; unfinished FLASH_ATTN_EXT[hsk=576]; failing ADD" in text
 

@@ -51,6 +51,30 @@ def test_gpu_decode_bench_and_batched_mix_dispatches(tmp_path: Path) -> None:
         (tmp_path / "out" / "gpu-decode.txt").read_text()
 
 
+def test_gpu_token_check_compares_each_run_with_the_pin_of_its_dispatch_and_its_native_twin(tmp_path: Path) -> None:
+    """Over stand-in llama-servers: patched's tokens equal the pin's at both dispatches while its log-probabilities
+    differ in the last bits; under the shim both builds' tokens part from their native runs at token 40 on the long
+    prompt (the A100 host paths may pick other kernels); every entry says its dispatch and the capability logged."""
+    work = tmp_path / "work"
+    fakes.builds(work)
+    (work / "tiny-v4.gguf").write_bytes(b"GGUF")
+    shim = fakes.dummy_shim(tmp_path / "shim")
+    env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
+    result = script("gpu-token-check", str(work), "pin", "patched", "pin@a100", "patched@a100", "--dispatch-shim", str(shim),
+                    env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads((tmp_path / "out" / "token-check.json").read_text())
+    assert data["reported_capability"] == {"pin": "9.0", "patched": "9.0", "pin@a100": "8.0", "patched@a100": "8.0"}
+    s = data["summary"]
+    native, a100 = s["patched:v4-4l:p300"], s["patched@a100:v4-4l:p300"]
+    assert native["reference"] == "pin" and native["equal_to_pin"] and not native["logprobs_equal_to_pin"]
+    assert a100["reference"] == "pin@a100" and a100["equal_to_pin"] and a100["equal_to_native"] is False
+    assert a100["first_difference_from_native"] == 40 and s["patched@a100:v4-4l:p8"]["equal_to_native"] is True
+    assert s["pin@a100:tiny-deepseek4:p8"] == {"equal_to_native": True, "first_difference_from_native": None,
+                                              "logprobs_equal_to_native": True}
+    assert data["all_equal"] is True and data["patched@a100:v4-4l:p8"]["dispatch"] == "a100"
+
+
 def test_gpu_decode_refuses_an_unknown_dispatch_before_running(tmp_path: Path) -> None:
     result = script("gpu-decode", "--work", str(tmp_path), "--columns", "pin@h100", "bench")
     assert result.returncode == 2 and "DISPATCH one of native, a100" in result.stderr
