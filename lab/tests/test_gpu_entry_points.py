@@ -6,7 +6,6 @@ on the CPU with the real SmolLM2."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
