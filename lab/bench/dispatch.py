@@ -179,7 +179,7 @@ def probe(bin_dir: str | os.PathLike[str], env: Mapping[str, str], timeout: floa
     for name in ("llama-bench", "llama-server", "llama-cli", "llama-completion"):
         exe = Path(bin_dir) / name
         if exe.is_file():
-            p = subprocess.run([str(exe), "--list-devices"], capture_output=True, text=True, timeout=timeout,
+            p = subprocess.run([str(exe), "--list-devices"], capture_output=True, text=True, errors="replace", timeout=timeout,
                                env=dict(env, LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(bin_dir), env.get("LD_LIBRARY_PATH")]))))
             return {"program": name, "text": (p.stdout + p.stderr)[-3000:],
                     **record(current(env), p.stdout + p.stderr)}

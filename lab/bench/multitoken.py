@@ -161,17 +161,17 @@ def rows(models: Mapping[str, tuple[str, int]], verify: Mapping, batched: Mappin
     "drafted"} (drafted tokens per step); columns are lab/bench/dispatch.py names (pin, patched, pin@a100, ...)."""
     from lab.bench.dispatch import column_name
 
-    dispatches = sorted({(c.split("@") + ["native"])[1] for m in verify.values() for c in m}, key=lambda d: d != "native")
+    dispatches = sorted({(c.split("@") + ["native"])[1] for src in (verify, batched) for m in src.values() for c in m},
+                        key=lambda d: d != "native")
     info = DRAFTS[projection_draft]
     out = []
     for model, (name, layers) in models.items():
         for disp in dispatches:
             pin, ours = column_name("pin", disp), column_name("patched", disp)
-            v = verify.get(model) or {}
-            if pin not in v and ours not in v:
+            v, b = verify.get(model) or {}, batched.get(model) or {}
+            if not any(src.get(c) for src in (v, b) for c in (pin, ours)):
                 continue
             ks = sorted(set(v.get(pin, {})) | set(v.get(ours, {})))
-            b = batched.get(model) or {}
             ns = sorted(set(b.get(pin, {})) | set(b.get(ours, {})))
             d = drafts.get(projection_draft) or {}
             own = {c: (d.get(c) or {}).get("own_ms") for c in (pin, ours)}
@@ -201,6 +201,18 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _batched_table(main: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = ["N sequences decoding together (llama-batched-bench), aggregate tokens/s:", "",
+             "| dispatch | build | " + " | ".join(f"N={n}" for n in RENDER_NS) + " |",
+             "| --- | --- |" + " ---: |" * len(RENDER_NS)]
+    for r in main:
+        b = {x["sequences"]: x for x in r["batched"]}
+        for build in ("pin", "patched"):
+            lines.append(f"| {r['dispatch']} | {build} | " + " | ".join(_fmt((b.get(n) or {}).get(f"{build}_tps"), ".1f")
+                                                                        for n in RENDER_NS) + " |")
+    return lines
+
+
 def render(data: Mapping[str, Any] | None) -> str:
     """The generated section: verify cost k/1 for pin and patched under both dispatches, batched tok/s at N = 1, 8, 16,
     32, the draft's cost, the best projected k. ``None`` (no results file yet): one line saying so."""
@@ -210,6 +222,10 @@ def render(data: Mapping[str, Any] | None) -> str:
     rows = list(data["rows"])
     big = max(r["layers"] for r in rows)
     main = [r for r in rows if r["layers"] == big]
+    if not any(r["verify"] for r in main):  # e.g. only the batched stage ran
+        lines = [f"Multi-token steps on {main[0]['model']} ({big} layers): only the batched figures are measured yet "
+                 "(lab/results/gpu-multitoken.json).", ""]
+        return "\n".join(lines + _batched_table(main)) + "\n"
     lines = [f"Multi-token steps on {main[0]['model']} ({big} layers; synthetic weights; {data.get('gpu', 'GPU').split(',')[0]} "
              "running the sm_80 code; `a100` = the host dispatch an A100 gets, lab/scripts/a100-dispatch.c). Generated from "
              "lab/results/gpu-multitoken.json by `python lab/benchmarks/report.py`.", "",
@@ -224,15 +240,7 @@ def render(data: Mapping[str, Any] | None) -> str:
             cells = [_fmt((v.get(k) or {}).get(f"{build}_ms") / one if one and (v.get(k) or {}).get(f"{build}_ms") else None, ".2f")
                      for k in RENDER_KS]
             lines.append(f"| {r['dispatch']} | {build} | {_fmt(one, '.2f')} | " + " | ".join(cells) + " |")
-    lines += ["", "N sequences decoding together (llama-batched-bench), aggregate tokens/s:", "",
-              "| dispatch | build | " + " | ".join(f"N={n}" for n in RENDER_NS) + " |",
-              "| --- | --- |" + " ---: |" * len(RENDER_NS)]
-    for r in main:
-        b = {x["sequences"]: x for x in r["batched"]}
-        for build in ("pin", "patched"):
-            lines.append(f"| {r['dispatch']} | {build} | " + " | ".join(_fmt((b.get(n) or {}).get(f"{build}_tps"), ".1f")
-                                                                        for n in RENDER_NS) + " |")
-    lines.append("")
+    lines += ["", *_batched_table(main), ""]
     for r in main:
         d = r["draft"]
         best = []
