@@ -260,10 +260,13 @@ def by_op(rows: Iterable[dict]) -> dict[str, dict]:
     for op, rs in sorted(ops.items()):
         t = totals(rs)
         t["failed_tests"] = [x for r in rs for x in r.get("failed_tests", [])][:20]
-        t["seconds"] = round(sum(r.get("seconds") or 0 for r in rs), 1)
+        groups = sorted({r["group"] for r in rs if r.get("group")})
+        if groups:  # its process ran the whole group: the group's seconds, not the name's
+            t["group"], t["group_seconds"] = " | ".join(groups), max(r.get("process_seconds") or 0 for r in rs)
         if any(r.get("part") for r in rs):
+            t["seconds"] = round(sum(r.get("process_seconds") or 0 for r in rs), 1)
             t["parts"] = {r["part"]: {k: r.get(k) for k in ("cases", "passed", "failed", "not_supported", "not_run",
-                                                             "finished", "rc", "seconds")} for r in rs}
+                                                             "finished", "rc", "process_seconds")} for r in rs}
         out[op] = t
     return out
 
