@@ -28,6 +28,93 @@ PATCH = textwrap.dedent(
     """
 )
 
+# vendor/patches holds git format-patch output (vendor/sync export): a mail header, the message, a diffstat, the diff.
+FORMAT_PATCH = textwrap.dedent(
+    """\
+    From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+    From: pyllm-a100 <pyllm-a100@users.noreply.github.com>
+    Date: Thu, 1 Jan 2026 00:00:00 +0000
+    Subject: [PATCH] llama: mark the header
+
+    A stand-in patch in git format-patch form: the mail header, this text and the diffstat come before the diff.
+    ---
+     include/llama.h | 1 +
+     1 file changed, 1 insertion(+)
+
+    diff --git a/include/llama.h b/include/llama.h
+    index 477154a1d1b2..08b62cfcc89d 100644
+    --- a/include/llama.h
+    +++ b/include/llama.h
+    @@ -1 +1,2 @@
+     // llama.h of a tiny stand-in tree
+    +// patched by pyllm-a100
+    """
+)
+NEW_FILE_PATCH = textwrap.dedent(
+    """\
+    From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+    From: pyllm-a100 <pyllm-a100@users.noreply.github.com>
+    Date: Thu, 1 Jan 2026 00:00:00 +0000
+    Subject: [PATCH] src: a new file
+
+    ---
+     src/added.c | 1 +
+     1 file changed, 1 insertion(+)
+     create mode 100644 src/added.c
+
+    diff --git a/src/added.c b/src/added.c
+    new file mode 100644
+    index 000000000000..9a850cfc0412
+    --- /dev/null
+    +++ b/src/added.c
+    @@ -0,0 +1 @@
+    +int added(void) { return 1; }
+    """
+)
+RENAME_PATCH = textwrap.dedent(
+    """\
+    From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+    From: pyllm-a100 <pyllm-a100@users.noreply.github.com>
+    Date: Thu, 1 Jan 2026 00:00:00 +0000
+    Subject: [PATCH] ggml: a renamed file
+
+    ---
+     ggml/{CMakeLists.txt => renamed.txt} | 0
+     1 file changed, 0 insertions(+), 0 deletions(-)
+     rename ggml/{CMakeLists.txt => renamed.txt} (100%)
+
+    diff --git a/ggml/CMakeLists.txt b/ggml/renamed.txt
+    similarity index 100%
+    rename from ggml/CMakeLists.txt
+    rename to ggml/renamed.txt
+    """
+)
+# Two files: the first hunk applies, the second does not (its context is not in the tree).
+HALF_PATCH = FORMAT_PATCH.replace("Subject: [PATCH] llama: mark the header", "Subject: [PATCH] two files") + textwrap.dedent(
+    """\
+    diff --git a/CMakeLists.txt b/CMakeLists.txt
+    index 111111111111..222222222222 100644
+    --- a/CMakeLists.txt
+    +++ b/CMakeLists.txt
+    @@ -1 +1,2 @@
+     project(another_tree)
+    +# patched by pyllm-a100
+    """
+)
+
+
+@pytest.fixture(params=["git", "patch"])
+def applier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Patches apply with `git apply`, or with `patch` where git is not installed."""
+    if request.param == "patch":
+        which = llama_source.shutil.which
+        monkeypatch.setattr(llama_source.shutil, "which", lambda name: None if name == "git" else which(name))
+        if which("patch") is None:
+            pytest.skip("the patch program is not installed")
+    elif llama_source.shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    return request.param
+
 
 def _tiny_tree(root: Path) -> Path:
     """The three files that make a folder look like a llama.cpp tree, plus a trimmed folder."""
@@ -143,14 +230,16 @@ def test_patches_apply_in_order_to_the_pinned_source(pip_uses: Path, tmp_path: P
     patches = tmp_path / "patches"
     patches.mkdir()
     (patches / "0001-mark.patch").write_text(PATCH)
+    (patches / "0002-src-a-new-file.patch").write_text(NEW_FILE_PATCH)
     resolved = llama_source.resolve(
         str(pip_uses), pin=_pin(_sha(pip_uses)), vendor_dir=tmp_path / "vendor",
         work_dir=tmp_path / "work", patch_dir=patches,
     )
-    assert resolved.kind == "archive" and resolved.patches == ("0001-mark.patch",)
+    assert resolved.kind == "archive" and resolved.patches == ("0001-mark.patch", "0002-src-a-new-file.patch")
     assert "patched by pyllm-a100" in (resolved.tree / "include" / "llama.h").read_text()
+    assert (resolved.tree / "src" / "added.c").is_file()
     marker = llama_source.read_marker(resolved.tree)
-    assert marker["patches"][0]["name"] == "0001-mark.patch"
+    assert [p["name"] for p in marker["patches"]] == ["0001-mark.patch", "0002-src-a-new-file.patch"]
 
 
 def test_a_patch_that_does_not_apply_leaves_nothing(pip_uses: Path, tmp_path: Path) -> None:
@@ -163,6 +252,60 @@ def test_a_patch_that_does_not_apply_leaves_nothing(pip_uses: Path, tmp_path: Pa
             str(pip_uses), pin=_pin(_sha(pip_uses)), vendor_dir=tmp_path / "vendor", work_dir=work, patch_dir=patches
         )
     assert not work.exists() or not any(work.iterdir())
+
+
+def _patch_files(folder: Path, texts: dict[str, str]) -> list[llama_source.Patch]:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in texts.items():
+        (folder / name).write_text(text)
+    return llama_source.list_patches(folder)
+
+
+def _extracted_tree(root: Path) -> Path:
+    """A tiny tree as extract_tree leaves it before patching: no .git."""
+    tree = _tiny_tree(root)
+    (tree / ".git").unlink()
+    return tree
+
+
+def test_format_patch_files_apply_new_files_and_renames_too(applier: str, tmp_path: Path) -> None:
+    tree = _extracted_tree(tmp_path / "tree")
+    patches = _patch_files(tmp_path / "patches", {"0001-llama-mark-the-header.patch": FORMAT_PATCH,
+                                                   "0002-src-a-new-file.patch": NEW_FILE_PATCH,
+                                                   "0003-ggml-a-renamed-file.patch": RENAME_PATCH})
+    llama_source._apply_patches(tree, patches)
+    assert (tree / "include" / "llama.h").read_text().endswith("// patched by pyllm-a100\n")
+    assert (tree / "src" / "added.c").read_text() == "int added(void) { return 1; }\n"
+    assert (tree / "ggml" / "renamed.txt").read_text() == "# ggml\n" and not (tree / "ggml" / "CMakeLists.txt").exists()
+
+
+def test_a_tree_inside_another_git_repository_is_patched_itself(tmp_path: Path) -> None:
+    """As vendor/llama.cpp inside this checkout: `git apply` run in a subfolder of a repository would take the paths
+    as the repository's and skip them (exit 0, nothing applied) unless git's search stops at the tree."""
+    if llama_source.shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    outer = tmp_path / "checkout"
+    subprocess.run(["git", "init", "-q", str(outer)], check=True)
+    tree = _extracted_tree(outer / "vendor" / "llama.cpp")
+    llama_source._apply_patches(tree, _patch_files(tmp_path / "patches", {"0001-mark.patch": FORMAT_PATCH}))
+    assert (tree / "include" / "llama.h").read_text().endswith("// patched by pyllm-a100\n")
+
+
+def test_a_patch_that_does_not_apply_changes_nothing_and_says_which(applier: str, tmp_path: Path) -> None:
+    tree = _extracted_tree(tmp_path / "tree")
+    before = {p: p.read_bytes() for p in tree.rglob("*") if p.is_file()}
+    patches = _patch_files(tmp_path / "patches", {"0001-src-a-new-file.patch": NEW_FILE_PATCH,
+                                                   "0002-two-files.patch": HALF_PATCH})
+    with pytest.raises(SourceError) as err:
+        llama_source._apply_patches(tree, patches)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("patch 0002-two-files.patch does not apply")
+    assert "vendor/sync" in message
+    # 0001 applied; 0002's first file, whose hunk alone would apply, is untouched
+    assert (tree / "src" / "added.c").is_file()
+    after = {p: p.read_bytes() for p in tree.rglob("*") if p.is_file() and p.name != "added.c"}
+    assert after == before
+    assert not list(tree.rglob("*.rej")) and not list(tree.rglob("*.orig"))
 
 
 def test_custom_tree_is_used_as_is_with_its_git_commit(tmp_path: Path) -> None:

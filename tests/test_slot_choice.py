@@ -1,4 +1,4 @@
-"""Patch 0044 (vendor/patches): llama-server gives a new request the idle slot beside the busy ones, so the busy
+"""Patch 0034 (vendor/patches): llama-server gives a new request the idle slot beside the busy ones, so the busy
 slots stay one run of consecutive sequence ids and a decode step of N streams is one forward (a ubatch holds only
 consecutive sequence ids with per-sequence KV streams). LLAMA_SERVER_SLOT_LRU=1 is the pin's rule, least recently
 used alone: the same probe then lands in the gap's far side, which shows the test can fail."""
@@ -31,7 +31,7 @@ def _keep_busy(url: str, slot: int, first: int, started: threading.Event, stop: 
                 return  # closing the stream ends the task
 
 
-@pytest.mark.parametrize(("lru_only", "expected"), [("", 2), ("1", 0)], ids=["0044", "pin-rule"])
+@pytest.mark.parametrize(("lru_only", "expected"), [("", 2), ("1", 0)], ids=["0034", "pin-rule"])
 def test_a_new_request_fills_the_gap_between_busy_slots(servers, tiny_models: dict[str, Path], lru_only: str,
                                                         expected: int) -> None:
     env = dict(os.environ, LLAMA_SERVER_SLOT_LRU=lru_only) if lru_only else None
@@ -54,5 +54,5 @@ def test_a_new_request_fills_the_gap_between_busy_slots(servers, tiny_models: di
         for thread in threads:
             thread.join(timeout=60)
     assert busy == [1, 3], f"the probe ran while slots {busy} were busy, not 1 and 3"
-    # 0044: slot 2 has two busy neighbours (busy slots become 1-3, one run); LRU alone takes slot 0 (runs 0-1 and 3)
+    # 0034: slot 2 has two busy neighbours (busy slots become 1-3, one run); LRU alone takes slot 0 (runs 0-1 and 3)
     assert got == expected, f"the request went to slot {got}, expected {expected}"

@@ -199,7 +199,7 @@ BAD_CALL_HISTORY = HI + [{"role": "assistant", "content": None, "tool_calls": [{
     "name": "get_weather", "arguments": "{city: Paris"}}]}, {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
 # Requests the server cannot act on, and the words its 400 must hold (at the pin the middle three were HTTP 500s and
 # "required" with no tools was free text under 200, a blank or repeated tool name answered with a call named "" or
-# text: vendor/patches/0008 and 0018)
+# text: vendor/patches/0008 and 0017)
 BAD_REQUESTS = {
     "named-function-not-in-tools": (dict(messages=HI, tools=[WEATHER], tool_choice={
         "type": "function", "function": {"name": "get_stock_price"}}), "get_stock_price"),
@@ -227,7 +227,7 @@ def test_a_request_the_server_cannot_act_on_is_a_400_that_says_why(servers, tiny
 def test_required_over_a_json_typed_argument_is_always_a_call(servers, tmp_path: Path) -> None:
     """A {} schema lets the grammar write any JSON, malformed UTF-8 inside its strings included (the grammar decodes
     bytes leniently). At the pin such a call did not parse and "required" came back as text: 9 of these 20 seeds on
-    this model ended "stop" with no tool_calls; with vendor/patches/0020 the bytes are U+FFFD and every one is a call."""
+    this model ended "stop" with no tool_calls; with vendor/patches/0019 the bytes are U+FFFD and every one is a call."""
     model = synthesize("tiny-deepseek4", tmp_path / "tiny-deepseek4-s42.gguf", seed=42).first
     tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {
         "type": "object", "properties": {"x": {}}, "required": ["x"]}}}]

@@ -1,6 +1,6 @@
-// Patch 0022's fused DeepSeek-V4 hyper-connection kernels (with 0025's faster norm + mixes kernel), 0026's RMS_NORM +
+// Patch 0021's fused DeepSeek-V4 hyper-connection kernels (with 0024's faster norm + mixes kernel), 0025's RMS_NORM +
 // MUL + q8_1 copy, 0033's compressor pooling with its window read ahead and 0038's launches of the hc_post and FFN-half
-// kernels against the kernels they replace, bit for bit, on a GPU.
+// kernels (0033 and 0038: lab/patches-measured, old numbers) against the kernels they replace, bit for bit, on a GPU.
 //
 // Each fused kernel claims to form every value with the unfused kernels' float operations in their order. This program
 // runs both sides on the same random inputs (V4 shapes: n_embd 4096, 4 streams, 24 mixes; 1 and 64 tokens) and counts
@@ -84,7 +84,7 @@ static __global__ void add_f32(const float * a, const float * b, float * c, int6
     if (i < n) c[i] = a[i] + b[i];
 }
 
-// 0026: rms_norm_f32<block, true> (RMS_NORM + MUL) then quantize_q8_1 vs rms_norm_mul_q8_1_f32 (both outputs)
+// 0025: rms_norm_f32<block, true> (RMS_NORM + MUL) then quantize_q8_1 vs rms_norm_mul_q8_1_f32 (both outputs)
 template <int block>
 static void check_norm_q8_1(int ncols, int nrows) {
     const float * x = dev(rand_vec(ncols * nrows, -2.0f, 2.0f)), * w = dev(rand_vec(ncols, 0.5f, 1.5f));
@@ -171,7 +171,7 @@ int main() {
                 one, 0, 0, 0, one, 0, 0, 0, 0);
             rms_norm_mul_mat_vec_f32<<<MIX, 1024>>>(x, fn, mixes_fused, HC * N_EMBD, HC * N_EMBD, EPS);
             compare("norm: flat rms_norm + mixes matmul", mixes, mixes_fused, MIX);
-            float * mixes_prefetch = dev_zero(MIX);  // 0025's 256-thread kernel for this width
+            float * mixes_prefetch = dev_zero(MIX);  // 0024's 256-thread kernel for this width
             rms_norm_mul_mat_vec_f32_prefetch<32><<<MIX, 256>>>(x, fn, mixes_prefetch, HC * N_EMBD, HC * N_EMBD, EPS);
             compare("norm: the same, 256 threads with the loads first", mixes, mixes_prefetch, MIX);
         } else {        // at 64 tokens the matmul is not fused: random mixes of the same scale

@@ -8,7 +8,7 @@
 // rotated over copies larger than the L2, as a decode step reads them) and whether each output equals
 // mul_mat_vec_q's bit for bit. Then the sibling projections of one DeepSeek-V4 layer (the one-token Q8_0 matmuls that
 // read the same activation) launched one by one against one launch over all their rows, both replayed as CUDA graphs
-// (what vendor/patches 0040 does). Built like
+// (what vendor/patches 0031 does). Built like
 // lab/scripts/dsv4-hc-fusion-check.cu, from a tree with vendor/patches applied:
 //
 //   T=llama.cpp/ggml/src/ggml-cuda
@@ -317,7 +317,7 @@ int main() {
         {"HCA layer: wq_a, wkv, compressor kv, gate",                  4096, false, {1024, 512, 512, 512}},
         {"CSA layer: wq_a, wkv, compressor kv, gate, indexer x3",      4096, false, {1024, 512, 1024, 1024, 64, 256, 256}},
         {"CSA layer: wq_b, indexer q_b (K = 1024, 4 rows per block)",  1024, true,  {32768, 8192}},
-        {"FFN: router, shared expert up, gate (not merged by 0040)",   4096, false, {16, 2048, 2048}},
+        {"FFN: router, shared expert up, gate (not merged by 0031)",   4096, false, {16, 2048, 2048}},
     };
     printf("\n%-60s %10s %10s %8s\n", "sibling Q8_0 matmuls (graph replay)", "separate", "one launch", "ratio");
     for (const siblings & set : sets) {

@@ -1,10 +1,10 @@
-// Patch 0032's RMS_NORM [-> MUL] -> ROPE-with-offset [-> SET_ROWS] kernel against the kernels it replaces, bit for bit,
+// Patch 0029's RMS_NORM [-> MUL] -> ROPE-with-offset [-> SET_ROWS] kernel against the kernels it replaces, bit for bit,
 // on a GPU: rms_norm_f32 (the pin's launch, with and without the weight) then rope_norm (forward, as the ROPE or the
 // fused ROPE + VIEW + SET_ROWS launch it), on the same random rows. DeepSeek-V4 shapes: q (64 heads of 512, 448
 // channels unrotated, 1 and 7 tokens), kv and the attention compressor (512, weight, F16 cache rows), the indexer's
 // compressor (128, weight, F32 rows), plus a YaRN case (ext_factor != 0) and a row of 2048 (the 1024-thread kernel).
-// Then patch 0035's RMS_NORM + MUL + q8_1 kernel with its columns in registers against 0026's, rows of 512 to 8192.
-// Built like lab/scripts/dsv4-hc-fusion-check.cu (its header), from a tree with vendor/patches (0001-0035) applied:
+// Then patch 0030's RMS_NORM + MUL + q8_1 kernel with its columns in registers against 0025's, rows of 512 to 8192.
+// Built like lab/scripts/dsv4-hc-fusion-check.cu (its header), from a tree with vendor/patches (0001-0030) applied:
 //
 //   T=llama.cpp/ggml/src/ggml-cuda
 //   nvcc -O3 -std=c++17 -use_fast_math -extended-lambda -DGGML_USE_CUDA -DNDEBUG \
@@ -83,8 +83,8 @@ static void run(const rope_case & c) {
     CK(cudaFree(out_unfused)); CK(cudaFree(out_fused)); CK(cudaFree(normed));
 }
 
-// Patch 0035's rms_norm_mul_q8_1_regs_f32 (columns in registers, launched by the op's own rms_norm_mul_q8_1_regs_launch)
-// against 0026's rms_norm_mul_q8_1_f32 (column by column): the normed output and its q8_1 copy, bit for bit.
+// Patch 0030's rms_norm_mul_q8_1_regs_f32 (columns in registers, launched by the op's own rms_norm_mul_q8_1_regs_launch)
+// against 0025's rms_norm_mul_q8_1_f32 (column by column): the normed output and its q8_1 copy, bit for bit.
 static void run_norm_q8(const char * name, int ncols, int nrows, int w_rows) {
     const int n = ncols * nrows, nq = n / QK8_1, bs = ncols < 1024 ? 256 : 1024, np = rms_norm_mul_q8_1_nper(ncols, bs);
     std::vector<float> hx(n), hw((size_t) ncols * w_rows);

@@ -1,9 +1,9 @@
 // One-token MUL_MAT_ID through mul_mat_vec_q_switch_ncols_dst (the host dispatch llama.cpp's
 // ggml_cuda_mul_mat_vec_q reaches, with its argument layout for MUL_MAT_ID: an activation per expert, 6 of 16 experts)
 // against one mul_mat_vec_q launch of one row per block (rows_per_block = 1, no row bound check needed). Rows 64 and 66
-// at a K short enough for the small-K launch (nwarps rows per block): before vendor/patches 0043, 66 rows wrote their
+// at a K short enough for the small-K launch (nwarps rows per block): before vendor/patches 0033, 66 rows wrote their
 // last block's two extra rows into the next expert's first two (the bound check read the channel stride), so rows 0-1
-// of every expert but the last came out wrong (or raced). MXFP4 at K = 1024 (66 rows; 64 rows take 0042's kernel,
+// of every expert but the last came out wrong (or raced). MXFP4 at K = 1024 (66 rows; 64 rows take 0032's kernel,
 // whose additions come in another order: compared to 1e-5 of the RMS) and Q8_0 at K = 512. Built like
 // lab/scripts/dsv4-mmvq-bench.cu:
 //

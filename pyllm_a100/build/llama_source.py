@@ -171,20 +171,47 @@ def _is_trimmed(rel: PurePosixPath) -> bool:
     )
 
 
+# git's variables that would point `git apply` at a repository (a hook or a `git rebase --exec` sets them).
+_GIT_REPO_VARIABLES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR",
+                       "GIT_NAMESPACE", "GIT_PREFIX")
+
+
+def _patch_commands(tree: Path, path: Path) -> tuple[list[list[str]], dict | None]:
+    """The check and the apply command for one patch (git format-patch output or a plain diff), and their env.
+
+    `git apply` outside a repository: GIT_CEILING_DIRECTORIES stops git's search at the tree, so a repository around
+    it (this checkout, for vendor/llama.cpp) is never taken for the tree's own. Like `patch --fuzz=0`, every context
+    line must match; the mail header and diffstat of a format-patch file are skipped, new files and renames apply.
+    Without git (or for a tree with a .git of its own, which extracted trees never have): `patch`, dry run first.
+    """
+    git = shutil.which("git")
+    if git is not None and not (Path(tree) / ".git").exists():
+        env = {k: v for k, v in os.environ.items() if k not in _GIT_REPO_VARIABLES}
+        # and no user or system git configuration (core.autocrlf, apply.*) changes what is applied
+        env.update(GIT_CEILING_DIRECTORIES=str(Path(tree).resolve().parent), GIT_CONFIG_NOSYSTEM="1",
+                   GIT_CONFIG_GLOBAL=os.devnull)
+        apply = [git, "apply", "-p1", "--whitespace=nowarn", str(path)]
+        return [apply[:2] + ["--check"] + apply[2:], apply], env
+    patch = shutil.which("patch")
+    if patch is None:
+        raise SourceError(f"applying {path.name} needs git (or the `patch` program): install it (apt install git)")
+    apply = [patch, "-p1", "--forward", "--batch", "--fuzz=0", "-i", str(path)]
+    return [apply[:1] + ["--dry-run"] + apply[1:], apply], None
+
+
 def _apply_patches(tree: Path, patches: list[Patch]) -> None:
+    """Apply ``patches`` to ``tree`` in order; each is checked first, so a patch that fails changes nothing."""
     for patch in patches:
-        if shutil.which("patch") is None:
-            raise SourceError(f"applying {patch.path.name} needs the `patch` program: install it (apt install patch)")
-        result = subprocess.run(
-            ["patch", "-p1", "--forward", "--batch", "--fuzz=0", "-i", str(patch.path.resolve())],
-            cwd=tree, capture_output=True, text=True,
-        )
-        if result.returncode != 0:
-            first = (result.stdout + result.stderr).strip().splitlines()[:3]
-            raise SourceError(
-                f"patch {patch.path.name} does not apply to this llama.cpp tree ({' / '.join(first)}): "
-                "refresh the patch for the pinned source, or remove it from vendor/patches"
-            )
+        commands, env = _patch_commands(tree, patch.path.resolve())
+        for command in commands:
+            result = subprocess.run(command, cwd=tree, capture_output=True, text=True, env=env)
+            if result.returncode != 0:
+                first = (result.stdout + result.stderr).strip().splitlines()[:3]
+                raise SourceError(
+                    f"patch {patch.path.name} does not apply to this llama.cpp tree ({' / '.join(first)}): "
+                    "refresh the patch for the pinned source (vendor/sync import DIR, fix it there with git rebase -i, "
+                    "vendor/sync export DIR), or remove it from vendor/patches"
+                )
 
 
 def extract_tree(archive: Path, dest: Path, *, patches: list[Patch], marker: dict) -> Path:
