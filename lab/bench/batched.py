@@ -15,9 +15,13 @@ ARGS = ["-npp", "256", "-ntg", "64", "-c", "16384", "-b", "2048", "-ub", "512", 
 
 
 def run(exe: str | os.PathLike[str], model: str | os.PathLike[str], npl: str, *, env: dict[str, str] | None = None,
-        timeout: float = 900) -> list[dict[str, Any]]:
-    """One llama-batched-bench run: its JSON line per sequence count (pl, speed_tg, speed_pp, ...)."""
-    p = subprocess.run([str(exe), "-m", str(model), "-npl", npl, *ARGS], capture_output=True, text=True, timeout=timeout, env=env)
+        timeout: float = 900, args: list[str] | None = None, log: list[str] | None = None) -> list[dict[str, Any]]:
+    """One llama-batched-bench run: its JSON line per sequence count (pl, speed_tg, speed_pp, ...). ``args`` replace
+    ARGS; ``log`` (a list) gets the program's stderr (its device lines: lab/bench/dispatch.py reads the capability)."""
+    p = subprocess.run([str(exe), "-m", str(model), "-npl", npl, *(ARGS if args is None else args)], capture_output=True,
+                       text=True, timeout=timeout, env=env)
+    if log is not None:
+        log.append(p.stderr)
     if p.returncode:
         raise RuntimeError(f"llama-batched-bench rc={p.returncode}: {p.stderr[-800:]}")
     return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
@@ -36,7 +40,8 @@ def side_by_side(columns: Sequence[str], run_column: Callable[[str], list[dict[s
             mine.setdefault("errors", []).append(str(e)[-800:])
     for col in rows.values():
         col["tg_tps"] = {pl: round(sum(x["speed_tg"] for x in v) / len(v), 2) for pl, v in col.items() if pl.isdigit()}
-    base = rows.get("pin", {}).get("tg_tps", {})
-    for col in rows.values():
+    for name, col in rows.items():  # against the pin of the same dispatch (pin, or pin@a100 for a column@a100)
+        at = name.rpartition("@")[2] if "@" in name else ""
+        base = rows.get("pin" + (f"@{at}" if at else ""), {}).get("tg_tps", {})
         col["tg_vs_pin"] = {pl: round(v / base[pl], 3) for pl, v in col["tg_tps"].items() if base.get(pl)}
     return rows

@@ -27,6 +27,8 @@ Serving figures (issue 17; write them to their own file: --results gpu-serving-b
 --cpu runs these three on this machine with tiny presets (tiny-deepseek4; the draft run uses
 tiny-deepseek4-dspark when it exists, else tiny-llama drafting for itself with draft-simple),
 so a typo cannot cost a GPU run: python3 lab/benchmarks/gpu.py --cpu --out /tmp/cpu-serving.
+--dispatch a100 (issue 41) runs the whole script again with lab/scripts/a100-dispatch.c in LD_PRELOAD (an A100's host
+dispatch for every server and tool); the results file records the dispatch and the compute capabilities logged.
 """
 
 
@@ -69,7 +71,16 @@ def main() -> int:
     parser.add_argument("--verify-k", default="1-16")
     parser.add_argument("--verify-repeat", type=int, default=5)
     parser.add_argument("--depth", type=int, default=512, help="context depth of the verify-cost forwards")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from lab.bench import dispatch as dsp
+
+    dsp.add_arguments(parser)
     args = parser.parse_args()
+    dispatcher = dsp.from_args(args, build_dir=args.out)
+    try:  # the same process again with the dispatch's LD_PRELOAD: every server and tool it starts inherits it
+        dsp.reexec_with(args.dispatch, dispatcher.shim if args.dispatch == "a100" else None, [sys.executable, *sys.argv])
+    except dsp.DispatchError as exc:
+        parser.error(str(exc))
     results_name = args.results or ("cpu-serving-bench.json" if args.cpu else "gpu-bench.json")
     if args.cpu and args.phases == parser.get_default("phases"):
         args.phases = "concurrency,verify,speculative"
@@ -120,6 +131,9 @@ def main() -> int:
     if "speculative" in phases:
         speculative(args.models, args)
     RESULTS["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    caps = sorted({c for f in sorted(gpu_phases.LOGS.rglob("*.log")) for c in [dsp.reported_capability(f.read_text(errors="replace"))] if c})
+    RESULTS["dispatch"] = dispatcher.describe() | {"dispatch": dsp.current()}
+    RESULTS["reported_capability"] = caps[0] if len(caps) == 1 else (caps or None)
     save()
     failed = [n for n, p in RESULTS["phases"].items() if not p["ok"]]
     print("failed phases:", failed or "none")

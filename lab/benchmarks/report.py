@@ -9,7 +9,8 @@ lab/benchmarks/gpu.py (the GPU machine; copied from its output folder); the serv
 (concurrency, verify cost, draft runs) from results/gpu-serving-bench.json (lab/benchmarks/gpu.py
 --phases concurrency,verify,speculative --results gpu-serving-bench.json) and
 results/cpu-serving-bench.json (lab/benchmarks/gpu.py --cpu, this machine). Any may be missing:
-its section then says so.
+its section then says so. The multi-token section of docs/performance.md (multitoken-table markers) comes from
+lab/results/gpu-multitoken.json (lab/scripts/gpu-multitoken, issue 42; "not measured yet" while it does not exist).
 """
 
 
@@ -25,6 +26,8 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's renderer (no native build needed)
 
 from lab.bench.decode_results import summarize  # noqa: E402
+from lab.bench.multitoken import MULTITOKEN_TABLE  # noqa: E402
+from lab.bench.multitoken import render as multitoken_section  # noqa: E402
 from lab.bench.report import PERF_TABLE, perf_table, render, replace_between  # noqa: E402
 
 
@@ -38,6 +41,10 @@ def main() -> int:
                         help="first write --decode from lab/scripts/gpu-decode's raw gpu-decode.json (lab/results/gpu-decode-raw.json)")
     parser.add_argument("--performance", type=Path, nargs="+", default=[REPO / "docs" / "performance.md", REPO / "README.md"],
                         help="the documents whose short table (perf-table markers) is rendered from --decode")
+    parser.add_argument("--multitoken", type=Path, default=REPO / "lab" / "results" / "gpu-multitoken.json",
+                        help="issue 42's multi-token curves (lab/scripts/gpu-multitoken report)")
+    parser.add_argument("--multitoken-docs", type=Path, nargs="+", help="the documents whose multitoken-table section is "
+                        "rendered from --multitoken (default: those of --performance that have the markers)")
     parser.add_argument("--check", action="store_true", help="exit 1 if --write or --performance differ from what the results give")
     args = parser.parse_args()
     if args.summarize_decode:
@@ -49,6 +56,10 @@ def main() -> int:
     if decode is not None:
         short = perf_table(json.loads(decode.read_text()))
         outputs.update({path: replace_between(path.read_text(), PERF_TABLE, short) for path in args.performance})
+    multitoken = multitoken_section(json.loads(args.multitoken.read_text()) if args.multitoken.is_file() else None)
+    docs = args.multitoken_docs or [p for p in args.performance if MULTITOKEN_TABLE[0] in p.read_text()]
+    for path in docs:
+        outputs[path] = replace_between(outputs.get(path, path.read_text()), MULTITOKEN_TABLE, multitoken)
     for path, text in outputs.items():
         if args.check:
             if not path.is_file() or path.read_text() != text:

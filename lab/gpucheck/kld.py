@@ -7,6 +7,8 @@ figure lies within the CPU runs' noise (RULE below, the one place it is defined;
 
 Standard library only, so that it runs from a checkout with llama.cpp binaries of any build
 (lab/scripts/gpu-kld --bin DIR, e.g. lab/scripts/gpu-decode's patched-bin) as well as from lab/scripts/gpu-check's build.
+Every run records its dispatch (native, or a100 under lab/scripts/a100-dispatch.c) and the compute capability llama.cpp
+logged (lab/bench/dispatch.py); lab/gpucheck/kld_gap.py runs the matrix that explains the GPU/CPU gap (issue 41).
 """
 
 from __future__ import annotations
@@ -38,6 +40,19 @@ class KldError(RuntimeError):
     """A step of the KLD check failed: the message names the step and the log line that says why."""
 
 
+def _dispatch():
+    """lab/bench/dispatch.py (standard library too), by its path: render-compat loads this file alone, by path."""
+    import importlib.util
+    import sys
+
+    if "lab_bench_dispatch" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("lab_bench_dispatch", Path(__file__).parents[1] / "bench" / "dispatch.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["lab_bench_dispatch"]
+
+
 def tools(bin_dir: Path) -> dict[str, Path]:
     """llama-perplexity and llama-quantize in BIN_DIR (a build's bin folder or the package's _native)."""
     found = {name: bin_dir / name for name in ("llama-perplexity", "llama-quantize")}
@@ -49,9 +64,9 @@ def tools(bin_dir: Path) -> dict[str, Path]:
     return found
 
 
-def _run(argv: list[str], log: Path, timeout: float = 600) -> str:
+def _run(argv: list[str], log: Path, timeout: float = 600, env_extra: dict[str, str] | None = None) -> str:
     env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(Path(argv[0]).parent),
-                                                                      os.environ.get("LD_LIBRARY_PATH")])))
+                                                                      os.environ.get("LD_LIBRARY_PATH")])), **(env_extra or {}))
     env.setdefault("CUDA_CACHE_MAXSIZE", "4294967296")  # sm_80 PTX JIT on a newer GPU: keep the kernels
     started = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
@@ -156,14 +171,21 @@ def base_run(perplexity: Path, f32: Path, corpus: Path, base: Path, logs: Path, 
 
 
 def kld_run(perplexity: Path, model: Path, base: Path, logs: Path, label: str, ctx: int, gpu: bool,
-            threads: int | None) -> dict:
-    """MODEL scored against BASE (the corpus tokens come from BASE): the summary figures and what the run used."""
+            threads: int | None, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()) -> dict:
+    """MODEL scored against BASE (the corpus tokens come from BASE): the summary figures and what the run used.
+    ``env``: added to the run's environment (lab/bench/dispatch.py's LD_PRELOAD for the A100 dispatch); ``extra``:
+    more llama-perplexity arguments (e.g. -fa off)."""
     started = time.monotonic()
     log = logs / f"kld-{label}.log"
-    text = _run(_ppl_argv(perplexity, model, ctx, gpu, threads, "--kl-divergence-base", str(base), "--kl-divergence"),
-                log)
+    argv = _ppl_argv(perplexity, model, ctx, gpu, threads, "--kl-divergence-base", str(base), "--kl-divergence", *extra)
+    text = _run(argv, log, env_extra=env)
+    dsp = _dispatch()
+    rec = dsp.record(dsp.current(dict(os.environ, **(env or {}))), text)
     run = {"label": label, "device": "gpu" if gpu else "cpu", **parse(text), **facts(text),
-           "seconds": round(time.monotonic() - started, 1)}
+           "dispatch": rec["dispatch"], "reported_capability": rec["reported_capability"],
+           "command": " ".join(argv), "seconds": round(time.monotonic() - started, 1)}
+    if gpu and rec.get("problem"):
+        run["dispatch_problem"] = rec["problem"]
     if run["kld_mean"] is None:
         raise KldError(f"llama-perplexity printed no KL divergence for {label} (log {log}): it needs at least 100 "
                        "scored tokens")
@@ -200,10 +222,11 @@ def verdict(runs: list[dict]) -> dict:
 
 def check(bin_dir: Path, model: Path, out: Path, work: Path, *, corpus: Path = CORPUS, ctx: int = CTX,
           chunks: int | None = None, threads: tuple[int, int] | None = None, gpu: bool = True,
-          self_check: bool = False) -> dict:
+          self_check: bool = False, gpu_env: dict[str, str] | None = None) -> dict:
     """The whole check; writes OUT/gpu-kld.json and the logs beside it, and returns the same dict.
 
-    self_check also scores the F32 model against its own base (KLD ~0: the pipeline measures what it says)."""
+    self_check also scores the F32 model against its own base (KLD ~0: the pipeline measures what it says);
+    gpu_env: the GPU run's extra environment (the A100 dispatch's LD_PRELOAD)."""
     exe = tools(bin_dir)
     if not model.is_file():
         raise KldError(f"no model file {model}: pass the GGUF to check (SmolLM2-135M-Instruct.Q4_1.gguf from "
@@ -227,8 +250,11 @@ def check(bin_dir: Path, model: Path, out: Path, work: Path, *, corpus: Path = C
     if self_check:
         result["self"] = kld_run(exe["llama-perplexity"], f32, base, logs, "f32-self", ctx, False, threads[0])
     if gpu:
-        runs.append(kld_run(exe["llama-perplexity"], model, base, logs, "gpu", ctx, True, None))
+        runs.append(kld_run(exe["llama-perplexity"], model, base, logs, "gpu", ctx, True, None, env=gpu_env))
     result["runs"] = runs
+    gpu_runs = [r for r in runs if r["device"] == "gpu"]
+    result["dispatch"] = gpu_runs[0]["dispatch"] if gpu_runs else _dispatch().current()
+    result["reported_capability"] = gpu_runs[0]["reported_capability"] if gpu_runs else runs[0].get("reported_capability")
     result["verdict"] = verdict(runs)
     result["seconds"] = round(time.monotonic() - started, 1)
     (out / "gpu-kld.json").write_text(json.dumps(result, indent=2))

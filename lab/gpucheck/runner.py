@@ -22,6 +22,21 @@ def start(out: Path) -> None:
     OUT = out
 
 
+def dispatch_record() -> dict:
+    """This run's dispatch (lab/bench/dispatch.py: a100 when the shim is preloaded) and the compute capabilities the
+    llama.cpp logs in LOGS reported (one value when they all agree)."""
+    from lab.bench import dispatch as dsp
+
+    seen = {}
+    for log in sorted(LOGS.rglob("*.log")) if LOGS.is_dir() else []:
+        cap = dsp.reported_capability(log.read_text(errors="replace"))
+        if cap:
+            seen.setdefault(cap, []).append(log.name)
+    caps = sorted(seen)
+    return {"dispatch": dsp.current(), "reported_capability": caps[0] if len(caps) == 1 else (caps or None),
+            "logs_by_capability": {c: len(v) for c, v in seen.items()}}
+
+
 def save() -> None:
     (OUT / "gpu-check.json").write_text(json.dumps(RESULTS, indent=2, default=str))
 
@@ -67,6 +82,8 @@ def finish() -> int:
     with tarfile.open(OUT / "server-logs.tar.gz", "w:gz") as tar:
         tar.add(LOGS, arcname="server-logs")
     RESULTS["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    RESULTS.setdefault("dispatch", {}).update(dispatch_record())
+    RESULTS["reported_capability"] = RESULTS["dispatch"]["reported_capability"]
     save()
     failed = [name for name, s in RESULTS["steps"].items() if not s["ok"]]
     print("failed steps:", failed or "none")

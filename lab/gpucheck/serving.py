@@ -70,6 +70,8 @@ def save_serving() -> None:
                          "failed_cases": [f"{c['preset']} {c['type']} parallel {c['parallel']}" for c in cases
                                           if c.get("crashes") or c.get("http_errors") or c.get("error")]}
     SERVING["environment"] = RESULTS["steps"].get("environment", {}).get("result")
+    SERVING["dispatch"] = runner.dispatch_record()  # issue 41: native or a100, and what llama.cpp reported
+    SERVING["reported_capability"] = SERVING["dispatch"]["reported_capability"]
     SERVING["build"] = {k: (RESULTS["steps"].get("build-info", {}).get("result") or {}).get(k)
                         for k in ("llama_cpp_commit", "patches", "cuda", "cuda_architectures", "cuda_version")}
     (runner.OUT / "gpu-serving.json").write_text(json.dumps(SERVING, indent=2, default=str))

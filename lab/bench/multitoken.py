@@ -1,0 +1,258 @@
+"""Multi-token cost curves (issue 42): what one step of k tokens costs against one decode step, pin vs patched, under
+the native and the A100 dispatch, and what speculative decoding would make of it (lab/scripts/gpu-multitoken).
+
+* verify: one sequence, one forward of k = 1..16 tokens after the same context (llama-bench ``-p k -d DEPTH``; k = 1
+  is a plain decode step as llama-bench tg measures it: ``-n N`` single-token forwards / N);
+* batched: N sequences decoding together, N = 1..32 (llama-batched-bench; one ubatch of N tokens a step);
+* draft: a synthetic draft's own cost per step (DSpark: its block in one pass; MTP: one NextN forward per drafted
+  token): the step with the draft minus the step without it (llama-server timings, acceptance ~0 on random
+  weights, so every step verifies the k+1 tokens) minus the extra verify cost verify(k+1) - verify(1), as
+  pyllm_a100/bench/speculative.py's draft_ms_per_step does;
+* projection: for a mean accepted length L per step (accept_len), the per-token acceptance a solving
+  E(a, K_REF) = L at the draft length L was measured at (K_REF = 7, DSpark's block), then for each verify width k
+  (k - 1 drafted tokens) E(a, k - 1) = (1 - a^k) / (1 - a) tokens per step (speculative.expected_tokens) over
+  verify_ms(k) + draft_ms(k) (DSpark: its per-step cost, k <= its block + 1; MTP: per token x (k - 1)).
+
+Rows of lab/results/gpu-multitoken.json (rows(), exactly these keys):
+  {model, layers, dispatch, verify: [{k, pin_ms, patched_ms}], batched: [{sequences, pin_tps, patched_tps}],
+   draft: {type, pin_ms, patched_ms}, projection: [{accept_len, k, plain_tps, projected_tps}]}
+render() turns the file into docs/performance.md's generated section (MULTITOKEN markers).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from pyllm_a100.bench.speculative import expected_tokens
+
+MULTITOKEN_TABLE = ("<!-- multitoken-table -->", "<!-- /multitoken-table -->")
+ACCEPT_LENS = (2.5, 2.9)
+K_REF = 7  # drafted tokens per step at which an accept length is quoted (DSpark's block of 8: 7 drafts)
+DRAFTS = {"dspark": {"spec_type": "draft-dspark", "preset": "deepseek-v4-flash-dspark", "per_token": False, "max_draft": 7},
+          "mtp": {"spec_type": "draft-mtp", "preset": "deepseek-v4-flash-mtp", "per_token": True, "max_draft": 15}}
+PROJECTION_RULE = (f"a solves E(a, {K_REF}) = accept_len (E(a, d) = (1 - a^(d+1)) / (1 - a), "
+                   "pyllm_a100/bench/speculative.py); for verify width k (k - 1 drafted tokens): projected_tps = "
+                   "E(a, k - 1) / (verify_ms(k) + draft_ms(k)) x 1000, draft_ms(k) = the draft's per-step cost (DSpark, "
+                   "k - 1 <= its block) or its per-token cost x (k - 1) (MTP); k = 1 is plain decoding; patched build")
+
+
+# --- llama-bench / llama-batched-bench arguments and their output ------------------------------------------------
+
+def verify_args(ks: Sequence[int], depth: int, reps: int, decode_tokens: int) -> list[str]:
+    """llama-bench arguments: a prompt test per k (one forward of k tokens at depth) and a tg test of decode_tokens."""
+    return ["-p", ",".join(map(str, ks)), "-n", str(decode_tokens), "-d", str(depth), "-r", str(reps),
+            "-b", "2048", "-ub", str(max(512, max(ks))), "-ngl", "99", "-fa", "1", "-o", "json"]
+
+
+def verify_ms(tests: Iterable[Mapping[str, Any]], ks: Sequence[int], decode_tokens: int) -> dict[str, Any]:
+    """llama-bench's JSON -> {"k_ms": {k: ms}, "pp_ms": {k: ms}, "decode_ms"}: medians of the samples; k = 1 is the
+    decode step (tg / decode_tokens), pp_ms keeps the prompt test of every k (pp_ms[1]: one-token prompt forward)."""
+    pp, tg = {}, None
+    for t in tests:
+        ms = statistics.median(t["samples_ns"]) / 1e6
+        if t.get("n_prompt"):
+            pp[int(t["n_prompt"])] = ms
+        elif t.get("n_gen") == decode_tokens:
+            tg = ms / decode_tokens
+    missing = [k for k in ks if k not in pp and not (k == 1 and tg is not None)]
+    if missing or tg is None:
+        raise ValueError(f"llama-bench output lacks the tests k={missing} / tg{decode_tokens}")
+    k_ms = {k: (tg if k == 1 else pp[k]) for k in ks}
+    return {"k_ms": k_ms, "pp_ms": pp, "decode_ms": tg}
+
+
+def verify_ms_means(runs: Iterable[Mapping[str, Any]]) -> dict[int, float]:
+    """{k: mean ms} over several verify runs (their k_ms; JSON made the keys strings)."""
+    acc: dict[int, list[float]] = {}
+    for r in runs:
+        for k, ms in (r.get("k_ms") or {}).items():
+            acc.setdefault(int(k), []).append(ms)
+    return {k: sum(v) / len(v) for k, v in sorted(acc.items())}
+
+
+def batched_args(npp: int, ntg: int, max_npl: int) -> list[str]:
+    """llama-batched-bench arguments (after -npl): a prompt of npp per sequence, ntg decode steps."""
+    return ["-npp", str(npp), "-ntg", str(ntg), "-c", str(max_npl * (npp + ntg) + 256), "-b", "2048", "-ub", "512",
+            "-ngl", "99", "-fa", "on", "--output-format", "jsonl"]
+
+
+def parse_npl(text: str) -> list[int]:
+    """``1-32`` or ``1,8,16,32`` -> sequence counts 1..512."""
+    text = str(text).strip()
+    if "-" in text and "," not in text:
+        lo, hi = (int(x) for x in text.split("-", 1))
+        out = list(range(lo, hi + 1))
+    else:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    if not out or min(out) < 1 or max(out) > 512 or len(set(out)) != len(out):
+        raise ValueError(f"--npl {text!r}: give FIRST-LAST or distinct counts 1..512, e.g. 1-32 or 1,8,16,32")
+    return out
+
+
+def mean(xs: Iterable[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+# --- drafts and the projection ---------------------------------------------------------------------------------------
+
+def step_ms(timings: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """llama-server timings of several completions -> ms per decode step, tokens drafted and accepted per step.
+    A step yields 1 + the tokens accepted in it; the first token comes from the prompt."""
+    ts = list(timings)
+    predicted = sum(int(t.get("predicted_n", 0)) for t in ts)
+    accepted = sum(int(t.get("draft_n_accepted", 0)) for t in ts)
+    drafted = sum(int(t.get("draft_n", 0)) for t in ts)
+    steps = sum(max(1, int(t.get("predicted_n", 0)) - int(t.get("draft_n_accepted", 0)) - 1) for t in ts)
+    ms = sum(float(t.get("predicted_ms", 0.0)) for t in ts)
+    return {"step_ms": ms / steps if steps else math.nan, "steps": steps, "tokens": predicted, "drafted": drafted,
+            "accepted": accepted, "drafted_per_step": drafted / steps if steps else 0.0}
+
+
+def draft_cost(plain_step: float, draft_step: float, verify: Mapping[int, float], drafted_per_step: float) -> float | None:
+    """The draft's own ms per step: the step with it minus the step without it, minus the extra verify cost of the
+    tokens it proposed (verify(d + 1) - verify(1), d = drafted tokens per step, rounded); never below 0."""
+    d = int(round(drafted_per_step))
+    if d < 1 or (d + 1) not in verify or 1 not in verify:
+        return None
+    return max(0.0, (draft_step - plain_step) - (verify[d + 1] - verify[1]))
+
+
+def acceptance(accept_len: float, drafted: int = K_REF) -> float:
+    """The per-token acceptance a with E(a, drafted) = accept_len (bisection; E grows with a)."""
+    if not 1.0 <= accept_len <= drafted + 1:
+        raise ValueError(f"accept_len {accept_len}: between 1 and {drafted + 1} for {drafted} drafted tokens")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, drafted) < accept_len else (lo, mid)
+    return (lo + hi) / 2
+
+
+def projection(verify: Mapping[int, float], draft_ms: float | None, *, per_token: bool, max_draft: int,
+               measured_draft: int, accept_lens: Sequence[float] = ACCEPT_LENS, k_ref: int = K_REF) -> list[dict]:
+    """[{accept_len, k, plain_tps, projected_tps}] for every measured verify width k (k - 1 drafted tokens) the
+    draft can propose; verify: {k: ms} of one build; draft_ms: its cost per step at measured_draft tokens."""
+    if 1 not in verify:
+        return []
+    plain = 1000.0 / verify[1]
+    rows = []
+    for L in accept_lens:
+        a = acceptance(L, k_ref)
+        for k in sorted(verify):
+            d = k - 1
+            if d > max_draft or (d >= 1 and draft_ms is None):
+                continue
+            cost = 0.0 if d == 0 else (draft_ms / measured_draft * d if per_token else draft_ms)
+            rows.append({"accept_len": L, "k": k, "plain_tps": round(plain, 2),
+                         "projected_tps": round(expected_tokens(a, d) / (verify[k] + cost) * 1000.0, 2)})
+    return rows
+
+
+# --- the results file --------------------------------------------------------------------------------------------------
+
+def rows(models: Mapping[str, tuple[str, int]], verify: Mapping, batched: Mapping, drafts: Mapping, *, projection_draft: str,
+         accept_lens: Sequence[float] = ACCEPT_LENS, k_ref: int = K_REF) -> list[dict]:
+    """The JSON rows, one per (model file, dispatch). models: file key -> (model name, layers). Inputs are means over
+    rounds: verify[file][column] = {k: ms}; batched[file][column] = {N: tok/s}; drafts[type][column] = {"own_ms",
+    "drafted"} (drafted tokens per step); columns are lab/bench/dispatch.py names (pin, patched, pin@a100, ...)."""
+    from lab.bench.dispatch import column_name
+
+    dispatches = sorted({(c.split("@") + ["native"])[1] for src in (verify, batched) for m in src.values() for c in m},
+                        key=lambda d: d != "native")
+    info = DRAFTS[projection_draft]
+    out = []
+    for model, (name, layers) in models.items():
+        for disp in dispatches:
+            pin, ours = column_name("pin", disp), column_name("patched", disp)
+            v, b = verify.get(model) or {}, batched.get(model) or {}
+            if not any(src.get(c) for src in (v, b) for c in (pin, ours)):
+                continue
+            ks = sorted(set(v.get(pin, {})) | set(v.get(ours, {})))
+            ns = sorted(set(b.get(pin, {})) | set(b.get(ours, {})))
+            d = drafts.get(projection_draft) or {}
+            own = {c: (d.get(c) or {}).get("own_ms") for c in (pin, ours)}
+            out.append({
+                "model": name, "layers": layers, "dispatch": disp,
+                "verify": [{"k": k, "pin_ms": _r(v.get(pin, {}).get(k)), "patched_ms": _r(v.get(ours, {}).get(k))} for k in ks],
+                "batched": [{"sequences": n, "pin_tps": _r(b.get(pin, {}).get(n)), "patched_tps": _r(b.get(ours, {}).get(n))} for n in ns],
+                "draft": {"type": projection_draft, "pin_ms": _r(own[pin]), "patched_ms": _r(own[ours])},
+                "projection": projection(v.get(ours, {}), own[ours], per_token=info["per_token"], max_draft=info["max_draft"],
+                                         measured_draft=max(1, int(round((d.get(ours) or {}).get("drafted") or info["max_draft"]))),
+                                         accept_lens=accept_lens, k_ref=k_ref) if v.get(ours) else [],
+            })
+    return out
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, nd)
+
+
+# --- docs/performance.md's section ----------------------------------------------------------------------------------
+
+RENDER_KS = (2, 4, 8, 16)
+RENDER_NS = (1, 8, 16, 32)
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _batched_table(main: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = ["N sequences decoding together (llama-batched-bench), aggregate tokens/s:", "",
+             "| dispatch | build | " + " | ".join(f"N={n}" for n in RENDER_NS) + " |",
+             "| --- | --- |" + " ---: |" * len(RENDER_NS)]
+    for r in main:
+        b = {x["sequences"]: x for x in r["batched"]}
+        for build in ("pin", "patched"):
+            lines.append(f"| {r['dispatch']} | {build} | " + " | ".join(_fmt((b.get(n) or {}).get(f"{build}_tps"), ".1f")
+                                                                        for n in RENDER_NS) + " |")
+    return lines
+
+
+def render(data: Mapping[str, Any] | None) -> str:
+    """The generated section: verify cost k/1 for pin and patched under both dispatches, batched tok/s at N = 1, 8, 16,
+    32, the draft's cost, the best projected k. ``None`` (no results file yet): one line saying so."""
+    if not data or not data.get("rows"):
+        return ("Multi-token cost curves (verify of k tokens, N sequences, draft cost, speculative projection): not "
+                "measured yet (lab/scripts/gpu-multitoken writes lab/results/gpu-multitoken.json).\n")
+    rows = list(data["rows"])
+    big = max(r["layers"] for r in rows)
+    main = [r for r in rows if r["layers"] == big]
+    if not any(r["verify"] for r in main):  # e.g. only the batched stage ran
+        lines = [f"Multi-token steps on {main[0]['model']} ({big} layers): only the batched figures are measured yet "
+                 "(lab/results/gpu-multitoken.json).", ""]
+        return "\n".join(lines + _batched_table(main)) + "\n"
+    lines = [f"Multi-token steps on {main[0]['model']} ({big} layers; synthetic weights; {data.get('gpu', 'GPU').split(',')[0]} "
+             "running the sm_80 code; `a100` = the host dispatch an A100 gets, lab/scripts/a100-dispatch.c). Generated from "
+             "lab/results/gpu-multitoken.json by `python lab/benchmarks/report.py`.", "",
+             "One forward of k tokens against one decode step (k/1; llama-bench, depth "
+             f"{(data.get('settings') or {}).get('depth', '?')}):", "",
+             "| dispatch | build | 1 token, ms | " + " | ".join(f"k={k}" for k in RENDER_KS) + " |",
+             "| --- | --- | ---: |" + " ---: |" * len(RENDER_KS)]
+    for r in main:
+        v = {x["k"]: x for x in r["verify"]}
+        for build in ("pin", "patched"):
+            one = (v.get(1) or {}).get(f"{build}_ms")
+            cells = [_fmt((v.get(k) or {}).get(f"{build}_ms") / one if one and (v.get(k) or {}).get(f"{build}_ms") else None, ".2f")
+                     for k in RENDER_KS]
+            lines.append(f"| {r['dispatch']} | {build} | {_fmt(one, '.2f')} | " + " | ".join(cells) + " |")
+    lines += ["", *_batched_table(main), ""]
+    for r in main:
+        d = r["draft"]
+        best = []
+        for L in sorted({p["accept_len"] for p in r["projection"]}):
+            ps = [p for p in r["projection"] if p["accept_len"] == L]
+            top = max(ps, key=lambda p: p["projected_tps"])
+            best.append(f"accept length {L}: k = {top['k']}, {top['projected_tps']:.1f} tok/s "
+                        f"({top['projected_tps'] / top['plain_tps']:.2f}x plain {top['plain_tps']:.1f})")
+        if d["patched_ms"] is None:
+            lines.append(f"- {r['dispatch']}: {d['type']} draft not measured, so no projection.")
+            continue
+        lines.append(f"- {r['dispatch']}: {d['type']} draft {_fmt(d['patched_ms'], '.2f')} ms per step (pin "
+                     f"{_fmt(d['pin_ms'], '.2f')}); best projected (patched): " + ("; ".join(best) or "no projection") + ".")
+    lines += ["", f"Projection, not a measurement: {data.get('projection_rule', PROJECTION_RULE)}."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,178 @@
+"""Issue 42's measurement tooling on the CPU: lab/bench/multitoken.py's parsing, projection, rows and renderer, the
+report.py wiring into docs/performance.md, and lab/scripts/gpu-multitoken end to end over stand-in llama.cpp programs
+(lab/tests/fakes.py) with native and A100-dispatch columns mixed in one run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab.bench import multitoken as mt
+from lab.tests import fakes
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "lab" / "scripts" / "gpu-multitoken"
+ROW_KEYS = {"model", "layers", "dispatch", "verify", "batched", "draft", "projection"}
+
+
+def bench_json(ks, n, scale=1.0):
+    out = [{"n_prompt": k, "n_gen": 0, "samples_ns": [int((10 + k) * scale * 1e6), int((10 + k) * scale * 1e6) + 2]} for k in ks if k > 1]
+    return out + [{"n_prompt": 0, "n_gen": n, "samples_ns": [int(9.0 * n * scale * 1e6)] * 3}]
+
+
+def test_verify_takes_k_1_from_the_decode_test_and_the_rest_from_the_prompt_tests() -> None:
+    v = mt.verify_ms(bench_json([1, 2, 4], 16), [1, 2, 4], 16)
+    assert v["k_ms"] == {1: 9.0, 2: pytest.approx(12.000001), 4: pytest.approx(14.000001)} and v["decode_ms"] == 9.0
+    with pytest.raises(ValueError, match="k=\\[8\\]"):
+        mt.verify_ms(bench_json([1, 2], 16), [1, 2, 8], 16)
+    assert mt.verify_args([1, 2, 16], 512, 3, 16)[:8] == ["-p", "1,2,16", "-n", "16", "-d", "512", "-r", "3"]
+    assert mt.verify_ms_means([{"k_ms": {"1": 10.0, "2": 12.0}}, {"k_ms": {"1": 12.0, "2": 14.0}}]) == {1: 11.0, 2: 13.0}
+
+
+def test_sequence_counts() -> None:
+    assert mt.parse_npl("1-32") == list(range(1, 33)) and mt.parse_npl("1,8,16,32") == [1, 8, 16, 32]
+    for bad in ("0-4", "1,1", "", "600"):
+        with pytest.raises(ValueError):
+            mt.parse_npl(bad)
+
+
+def test_draft_cost_is_the_step_difference_less_the_extra_verify() -> None:
+    timings = [{"predicted_n": 65, "predicted_ms": 640.0, "draft_n": 448, "draft_n_accepted": 0}] * 2
+    s = mt.step_ms(timings)
+    assert s["steps"] == 128 and s["step_ms"] == 10.0 and s["drafted_per_step"] == 7.0
+    verify = {1: 5.0, 8: 7.0}
+    assert mt.draft_cost(5.5, 9.0, verify, 7.0) == pytest.approx(1.5)  # 3.5 more per step, 2.0 of it the verify of 8
+    assert mt.draft_cost(5.5, 6.0, verify, 7.0) == 0.0 and mt.draft_cost(5.5, 9.0, verify, 0.2) is None
+
+
+def test_projection_follows_speculative_py_and_stops_at_the_drafts_block() -> None:
+    a = mt.acceptance(2.5, 7)
+    assert mt.expected_tokens(a, 7) == pytest.approx(2.5, abs=1e-9) and 0.5 < a < 0.7
+    verify = {k: 10.0 + 0.5 * (k - 1) for k in range(1, 17)}
+    dspark = mt.projection(verify, 2.0, per_token=False, max_draft=7, measured_draft=7, accept_lens=(2.5,))
+    assert [r["k"] for r in dspark] == list(range(1, 9)) and set(dspark[0]) == {"accept_len", "k", "plain_tps", "projected_tps"}
+    assert dspark[0]["projected_tps"] == dspark[0]["plain_tps"] == 100.0
+    k8 = next(r for r in dspark if r["k"] == 8)
+    assert k8["projected_tps"] == pytest.approx(2.5 / (13.5 + 2.0) * 1000, rel=1e-3)
+    mtp = mt.projection(verify, 7.0, per_token=True, max_draft=15, measured_draft=7, accept_lens=(2.9,))
+    k3 = next(r for r in mtp if r["k"] == 3)  # two drafted tokens at 1 ms each
+    assert len(mtp) == 16 and k3["projected_tps"] == pytest.approx(mt.expected_tokens(mt.acceptance(2.9), 2) / 13.0 * 1000, rel=1e-3)
+    with pytest.raises(ValueError):
+        mt.acceptance(9.0, 7)
+
+
+def synthetic() -> dict:
+    verify, batched = {"v4-43l": {}, "v4-4l": {}}, {"v4-43l": {}}
+    for col, scale in (("pin", 1.0), ("patched", 0.6), ("pin@a100", 1.03), ("patched@a100", 0.62)):
+        verify["v4-43l"][col] = {k: (17.0 + 1.1 * (k - 1)) * scale for k in range(1, 17)}
+        verify["v4-4l"][col] = {k: (1.8 + 0.2 * (k - 1)) * scale for k in range(1, 17)}
+        batched["v4-43l"][col] = {n: 58.0 * n ** 0.7 / scale for n in (1, 2, 4, 8, 16, 24, 32)}
+    drafts = {"dspark": {c: {"own_ms": 1.2, "drafted": 7.0} for c in verify["v4-4l"]},
+              "mtp": {c: {"own_ms": 4.9, "drafted": 7.0} for c in verify["v4-4l"]}}
+    rows = mt.rows({"v4-43l": ("deepseek-v4-flash", 43), "v4-4l": ("deepseek-v4-flash", 4)}, verify, batched, drafts,
+                   projection_draft="dspark")
+    return {"gpu": "NVIDIA H200, 580.159.04", "settings": {"depth": 512}, "projection_rule": mt.PROJECTION_RULE, "rows": rows}
+
+
+def test_rows_have_exactly_the_agreed_shape() -> None:
+    rows = synthetic()["rows"]
+    assert [(r["layers"], r["dispatch"]) for r in rows] == [(43, "native"), (43, "a100"), (4, "native"), (4, "a100")]
+    for r in rows:
+        assert set(r) == ROW_KEYS and r["model"] == "deepseek-v4-flash"
+        assert all(set(v) == {"k", "pin_ms", "patched_ms"} for v in r["verify"]) and len(r["verify"]) == 16
+        assert all(set(b) == {"sequences", "pin_tps", "patched_tps"} for b in r["batched"])
+        assert set(r["draft"]) == {"type", "pin_ms", "patched_ms"} and r["draft"]["type"] == "dspark"
+        assert all(set(p) == {"accept_len", "k", "plain_tps", "projected_tps"} for p in r["projection"])
+    a100 = rows[1]
+    assert a100["verify"][0] == {"k": 1, "pin_ms": round(17.0 * 1.03, 3), "patched_ms": round(17.0 * 0.62, 3)}
+    assert [b["sequences"] for b in a100["batched"]] == [1, 2, 4, 8, 16, 24, 32] and rows[2]["batched"] == []
+
+
+def test_renderer_tables_and_the_not_measured_line() -> None:
+    assert "not measured yet" in mt.render(None) and "not measured yet" in mt.render({"rows": []})
+    text = mt.render(synthetic())
+    assert "Multi-token steps on deepseek-v4-flash (43 layers" in text and "NVIDIA H200 running the sm_80 code" in text
+    assert "| a100 | patched | 10.54 |" in text  # 17.0 x 0.62, the 1-token step of the 43-layer file
+    assert "| native | pin | 17.00 | 1.06 | 1.19 | 1.45 | 1.97 |" in text  # k/1 ratios
+    assert "| N=1 | N=8 | N=16 | N=32 |" in text and "| native | patched | 96.7 |" in text
+    assert "dspark draft 1.20 ms per step (pin 1.20)" in text and "best projected (patched): accept length 2.5: k = " in text
+    assert "Projection, not a measurement" in text and "4 layers" not in text  # the biggest file only
+
+
+def report(tmp_path: Path, multitoken: Path | None, *extra: str) -> subprocess.CompletedProcess:
+    perf = tmp_path / "performance.md"
+    if not perf.exists():
+        shutil.copy(REPO / "docs" / "performance.md", perf)
+    args = [sys.executable, str(REPO / "lab" / "benchmarks" / "report.py"), "--write", str(tmp_path / "benchmarks.md"),
+            "--performance", str(perf), "--multitoken", str(multitoken or tmp_path / "none.json"), *extra]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+
+
+def test_report_renders_the_section_between_the_markers_and_checks_it(tmp_path: Path) -> None:
+    assert report(tmp_path, None).returncode == 0
+    perf = (tmp_path / "performance.md").read_text()
+    section = perf.split(mt.MULTITOKEN_TABLE[0])[1].split(mt.MULTITOKEN_TABLE[1])[0]
+    assert "not measured yet" in section and "<!-- perf-table -->" in perf  # the other table stays
+    data = tmp_path / "gpu-multitoken.json"
+    data.write_text(json.dumps(synthetic()))
+    assert report(tmp_path, data, "--check").returncode == 1  # the document still says "not measured yet"
+    assert report(tmp_path, data).returncode == 0
+    assert "| a100 | patched | 10.54 |" in (tmp_path / "performance.md").read_text()
+    assert report(tmp_path, data, "--check").returncode == 0
+
+
+def test_the_committed_docs_say_what_the_committed_results_give() -> None:
+    perf = (REPO / "docs" / "performance.md").read_text()
+    results = REPO / "lab" / "results" / "gpu-multitoken.json"
+    assert mt.MULTITOKEN_TABLE[0] in perf
+    expected = mt.render(json.loads(results.read_text()) if results.is_file() else None)
+    assert perf.split(mt.MULTITOKEN_TABLE[0] + "\n")[1].split(mt.MULTITOKEN_TABLE[1])[0] == expected
+
+
+def run(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env or fakes.env_without_preload())
+
+
+@pytest.mark.parametrize("args,message", [(["--k", "0-4"], "--k"), (["--k", "2-4"], "must include 1"),
+                                          (["--columns", "pin@h100"], "DISPATCH one of"),
+                                          (["--models", "v4-99l"], "choose from"), (["--npl", "0,1"], "--npl"),
+                                          (["--accept-lens", "9"], "accept_len")])
+def test_bad_arguments_are_one_usage_error(args: list[str], message: str, tmp_path: Path) -> None:
+    result = run("--work", str(tmp_path), *args, "report")
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_stages_over_stand_ins_mix_dispatches_in_one_run(tmp_path: Path) -> None:
+    """warmup, verify and batched over stand-in llama-bench / llama-batched-bench in pin-bin and patched-bin, the four
+    columns interleaved; the report's rows, each column's reported capability (8.0 only under the shim), commands."""
+    work = tmp_path / "work"
+    fakes.builds(work)
+    shim = fakes.dummy_shim(tmp_path / "shim")
+    env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
+    result = run("--work", str(work), "--dispatch-shim", str(shim), "--models", "v4-43l,v4-4l", "--k", "1-4", "--npl", "1,8,16,32",
+                 "warmup", "verify", "batched", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads((tmp_path / "out" / "gpu-multitoken.json").read_text())
+    assert data["reported_capability"] == {"pin": "9.0", "patched": "9.0", "pin@a100": "8.0", "patched@a100": "8.0"}
+    assert all(not d.get("problem") for d in data["dispatch"].values())
+    verify = json.loads((work / "mt" / "verify.json").read_text())
+    assert [r["column"] for r in verify["runs"]][:8] == ["pin", "patched", "pin@a100", "patched@a100"] * 1 + \
+        ["patched@a100", "pin@a100", "patched", "pin"]
+    rows = {(r["layers"], r["dispatch"]): r for r in data["rows"]}
+    assert set(rows) == {(43, "native"), (43, "a100"), (4, "native"), (4, "a100")}
+    assert all(set(r) == ROW_KEYS for r in rows.values())
+    v = {x["k"]: x for x in rows[(43, "a100")]["verify"]}
+    assert v[1]["pin_ms"] == pytest.approx(10.0 * 1.02 * 1.01, rel=0.02) and v[4]["patched_ms"] < v[4]["pin_ms"]
+    assert [b["sequences"] for b in rows[(43, "native")]["batched"]] == [1, 8, 16, 32]
+    assert rows[(43, "native")]["draft"] == {"type": "dspark", "pin_ms": None, "patched_ms": None}  # not measured
+    assert [p["k"] for p in rows[(43, "native")]["projection"]] == [1, 1]  # plain decoding only, without a draft cost
+    programs = data["commands"]["programs"]["verify"]
+    assert any("pin-bin/llama-bench" in c and "-d 512" in c for c in programs["pin@a100"])
+    assert "gpu-multitoken" in data["commands"]["stages"]["verify"] and "draft" not in data["commands"]["stages"]
+    assert "| a100 | patched |" in result.stdout  # the report stage prints the rendered section

@@ -1,0 +1,92 @@
+"""The next GPU session's commands (lab/scripts/gpu-lab-session, lab/notes/next-gpu-session.md) checked here, so that no
+typo costs device time: every queued job's dependencies exist and come first, and every lab script it calls accepts its
+arguments (run on a stage that needs no GPU: report, --dry-run, or a missing-binary error past argument parsing)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from lab.tests import fakes
+
+REPO = Path(__file__).resolve().parents[2]
+SESSION = REPO / "lab" / "scripts" / "gpu-lab-session"
+STAGES = {"gpu-a100-check": {"ops", "soak", "tokens", "sanitizer", "report", "all"},
+          "gpu-multitoken": {"models", "warmup", "verify", "batched", "draft", "ncu", "report", "all"},
+          "gpu-decode": {"build", "models", "ops", "bench", "batched", "ncu", "ncufull", "report", "all"}}
+
+
+def queued(work: Path) -> list[list[str]]:
+    env = dict(fakes.env_without_preload(), GPU_LAB_DRY_RUN="1", GPU_LAB_WORK=str(work))
+    out = subprocess.run(["bash", str(SESSION), "call1"], capture_output=True, text=True, env=env, timeout=60, check=True).stdout
+    return [shlex.split(line) for line in out.splitlines() if line.strip()]
+
+
+def python_commands(job: list[str]) -> list[list[str]]:
+    """The lab-script invocations inside one job (bash -c strings split at ; and &&, OUT=... assignments dropped)."""
+    cmd = job[job.index("start") + 2:] if "start" in job else job[job.index("after") + 3:]
+    pieces = re.split(r";|&&", cmd[2]) if cmd[:2] == ["bash", "-c"] else [shlex.join(cmd)]
+    out = []
+    for piece in pieces:
+        words = shlex.split(piece.replace("\\\n", " "))
+        while words and (re.fullmatch(r"[A-Z_]+=.*", words[0]) or words[0] in ("nice", "-n", "5")):
+            words = words[1:]
+        if words[:1] == ["python3"] and words[1].startswith("lab/"):
+            out.append(words[1:])
+    return out
+
+
+def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
+    jobs = queued(tmp_path / "w")
+    seen: list[str] = []
+    for job in jobs:
+        assert job[0] == "lab/scripts/gpu-session" and job[1] in ("start", "after"), job
+        name = job[2]
+        if job[1] == "after":
+            assert set(job[3].split(",")) <= set(seen), f"{name} waits for {job[3]}, queued: {seen}"
+        seen.append(name)
+    assert seen == ["bpatched", "models", "bpin", "soak", "memcheck", "mt", "ops", "tokens", "racecheck", "kld", "report"]
+    mt = next(j for j in jobs if j[2] == "mt")
+    assert mt[3] == "bpin,memcheck", "the timing job runs alone: after the pin build and the checks beside it"
+    after_mt = {j[2] for j in jobs if j[1] == "after" and "mt" in j[3].split(",")}
+    assert after_mt == {"ops", "tokens", "racecheck", "kld"}
+
+
+def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
+    calls = [c for job in queued(work) for c in python_commands(job)]
+    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-decode", "gpu-multitoken", "gpu-a100-check", "gpu-kld"}
+    for call in calls:
+        name, args = Path(call[0]).name, call[1:]
+        if name == "gpu-build":
+            args = [*args, "--dry-run"]
+            want = 0
+        elif name in STAGES:
+            while args and args[-1] in STAGES[name]:
+                args = args[:-1]
+            args = [*args, "report"]
+            want = None  # any code but argparse's 2 (the report of nothing may say it failed)
+        else:  # gpu-kld: past parsing it finds no binaries in the (empty) work folder
+            want = 2
+        result = subprocess.run([sys.executable, str(REPO / call[0]), *args], capture_output=True, text=True, env=env,
+                                timeout=300, cwd=REPO)
+        assert "usage:" not in result.stderr and "Traceback" not in result.stderr, (call, result.stderr[-2000:])
+        if want is not None:
+            assert result.returncode == want, (call, result.stdout[-1000:], result.stderr[-1000:])
+        if name == "gpu-kld":
+            assert "no executable" in result.stderr
+
+
+def test_prepare_carry_documents_itself_and_refuses_unknown_arguments() -> None:
+    script = REPO / "lab" / "scripts" / "prepare-carry"
+    ok = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and "gguf 0.19.0" in ok.stdout and ".m1/ .m2/ .m3/" in ok.stdout
+    bad = subprocess.run(["bash", str(script), "--nope"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown argument" in bad.stderr
+    assert subprocess.run(["bash", "-n", str(SESSION)], timeout=60).returncode == 0
+    assert os.access(SESSION, os.X_OK) and os.access(script, os.X_OK)
