@@ -20,7 +20,6 @@ from .devices.gpus import GPU, driver, visible_gpus
 from .build.native import binary, build_info
 from .models.roofline import weights_per_token
 from .serve.server import DEFAULT_PARALLEL
-from .serve.slots import kv_bytes_per_token, suggest
 
 MARGIN_MIB = 1024  # free memory llama.cpp's --fit keeps per GPU by default
 
@@ -107,6 +106,7 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
     if known:
         findings.append(_tensor_split_finding(arch, info))
     trained = int(meta.get(f"{arch}.context_length") or 0)
+    asked = ctx
     ctx = ctx or (min(trained, 16384) if trained else 16384)
     report: dict[str, Any] = {
         "path": str(files.first), "shards": len(files.shards), "bytes": files.total_bytes, "architecture": arch,
@@ -126,7 +126,8 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
         return report, findings, suggestion
     if not gpus:
         findings.append(Finding("warn", "no GPU visible: the suggestion below runs on the CPU"))
-        suggestion = f"pyllm serve {files.first} --ctx-size {ctx}"
+        suggestion = f"pyllm serve {files.first}" + (f" --ctx-size {ctx}" if asked else "")
+        findings.append(_capacity_finding(report, files, []))
         return report, findings, suggestion
     split = [1.0] * len(gpus)
     per_device = fit_estimate(str(files.first), ctx, gpu_layers=999, tensor_split=split, parallel=DEFAULT_PARALLEL)
@@ -155,8 +156,8 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
                                 ": lower --ctx-size, add GPUs, or use a smaller quantization"))
         suggestion = f"pyllm serve {files.first} --tensor-split {split_text} --ctx-size {max(2048, ctx // 4)}  # smaller context; llama.cpp --fit keeps the rest in RAM"
     else:
-        suggestion = f"pyllm serve {files.first} --tensor-split {split_text} --ctx-size {ctx}"
-        findings.append(_slots_finding(report, per_device, gpus, context_mib, ctx))
+        suggestion = f"pyllm serve {files.first} --tensor-split {split_text}" + (f" --ctx-size {ctx}" if asked else "")
+        findings.append(_capacity_finding(report, files, gpus))
     return report, findings, suggestion
 
 
@@ -170,18 +171,22 @@ def _tensor_split_finding(arch: str, info: dict[str, Any]) -> Finding:
                          "cache, which pyllm serve checks; layer split stays the default")
 
 
-def _slots_finding(report: dict[str, Any], per_device: dict[str, dict[str, int]], gpus: list[GPU], context_mib: float,
-                   ctx: int) -> Finding:
-    """How many slots could each hold the whole context, with the memory the suggested server leaves free."""
-    need = sum(sum(parts.values()) for device, parts in per_device.items() if device.startswith("CUDA"))
-    pool = sum(parts.get("context", 0) for device, parts in per_device.items() if device.startswith("CUDA"))
-    free_mib = sum(g.memory_free // 2**20 for g in gpus) - need - MARGIN_MIB * len(gpus) + pool
-    plan = suggest(kv_bytes_per_token(int(context_mib * 2**20), ctx), ctx, max(0, free_mib) * 2**20, wanted=DEFAULT_PARALLEL)
-    report["slots"] = dataclasses.asdict(plan)
-    per_slot = context_mib / 1024
-    return Finding("ok", f"request slots: pyllm serve runs {DEFAULT_PARALLEL} sharing one {ctx}-token KV pool; "
-                         f"{plan.slots} slot(s) of {ctx} tokens each fit the memory left ({per_slot:.2f} GiB of KV per slot): "
-                         f"add --parallel {plan.slots} --ctx-size {plan.ctx_size} for that")
+def _capacity_finding(report: dict[str, Any], files: Any, gpus: list[GPU]) -> Finding:
+    """The KV pool and slots pyllm serve would plan on these GPUs (models/capacity.py), as serve prints it."""
+    from .models import capacity
+    from .models.memplan import local_shape
+
+    if gpus:
+        budget = capacity.Budget.gpus([g.memory_total for g in gpus], [g.memory_total - g.memory_free for g in gpus])
+    else:
+        import psutil
+
+        budget = capacity.Budget.cpu(psutil.virtual_memory().available)
+    plan = capacity.plan(local_shape(files), budget)
+    report["slots"] = plan.as_dict()
+    if not plan.fits:
+        return Finding("warn", f"no KV pool fits beside the weights ({budget.rule}): llama.cpp's --fit decides")
+    return Finding("ok", f"pyllm serve's plan: {plan.summary()}")
 
 
 def rpc_report(spec: str) -> list[dict[str, Any]]:
@@ -299,6 +304,36 @@ def plan_gpus(gpus: str) -> tuple[Any, list[int] | None]:
     return GpuSpec(len(chosen), round(gib, 1)), [g.physical_index for g in chosen]
 
 
+def _plan_budget(spec: Any, devices: list[int] | None) -> Any:
+    """What pyllm serve would plan against: these GPUs of this machine as NVML sees them now, or COUNTxGIB empty."""
+    from .models.capacity import Budget
+
+    if devices is not None:
+        from .devices.gpus import nvml_gpus
+
+        here = [g for g in nvml_gpus() if g.physical_index in devices]
+        return Budget.gpus([g.memory_total for g in here], [g.memory_total - g.memory_free for g in here])
+    return Budget.gpus([spec.bytes_each] * spec.count)
+
+
+def _capacity_row(shape: Any, target: str, spec: Any, budget: Any, slots: int) -> tuple[Any, Any]:
+    """A memory-plan row at the capacity plan's pool (models/capacity.py) and that plan; the serve command needs no
+    --ctx-size or --parallel: serve plans the same."""
+    from .models import capacity
+    from .models.memplan import plan_row
+
+    plan = capacity.plan(shape, budget, slots=None if slots == DEFAULT_PARALLEL else slots)
+    shared = plan.shared
+    row = plan_row(shape, target, spec, plan.pool if shared else plan.per_slot, 1 if shared else plan.slots)
+    row.fits = plan.fits
+    split = f" --tensor-split 1x{spec.count}" if spec.count > 1 else ""
+    row.serve = (f"pyllm serve {target}{split}" + ("" if slots == DEFAULT_PARALLEL else f" --parallel {slots}")
+                 if plan.fits else None)
+    row.note = plan.summary() if plan.fits else (row.note or f"no KV pool fits ({plan.budget.rule})")
+    row.capacity = plan.as_dict()
+    return row, plan
+
+
 def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: int | None = None, *,
                 layers: int | None = None, experts: int | None = None, token: str | None = None) -> dict[str, Any]:
     """Per quantization: weights, KV at ctx x slots, compute, per-GPU total, fits, and a serve command that fits."""
@@ -306,7 +341,7 @@ def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: in
     from .models.memplan import CUDA_OVERHEAD_MIB, FIT_MARGIN_MIB, local_shape, parse_gpus, plan_row, preset_shapes
 
     spec, devices = plan_gpus(gpus)
-    slots = 1 if parallel is None else parallel
+    slots = (1 if ctx_size is not None else DEFAULT_PARALLEL) if parallel is None else parallel
     if slots < 1:
         raise InvalidArgument(f"--parallel {parallel}: must be at least 1 (request slots served at once)")
     if ctx_size is not None and ctx_size < 1:
@@ -331,10 +366,16 @@ def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: in
     ctx = ctx_size or (min(trained, 16384) if trained else 16384)
     model_arg = model if source != "hub" else None
     rows = []
+    plans: list[Any] = []
+    budget = _plan_budget(spec, devices)
     for shape in shapes:
         # a preset's row names the file `pyllm synth MODEL -o MODEL-TYPE.gguf --type TYPE` writes
         target = f"{model}-{shape.label}.gguf" if source == "preset" else (model_arg or shape.path)
-        row = plan_row(shape, target, spec, ctx, slots)
+        if ctx_size is None:  # the plan pyllm serve makes: the slots, each up to the trained context, the pool from memory
+            row, plan = _capacity_row(shape, target, spec, budget, slots)
+            plans.append(plan)
+        else:
+            row = plan_row(shape, target, spec, ctx, slots)
         if devices is not None and row.serve:
             from .devices.gpus import format_gpu_list
 
@@ -359,9 +400,15 @@ def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: in
             rows[0].llama_fit_mib = fit
         except Exception as exc:  # advice: say why it is missing
             findings.append(Finding("warn", f"no llama-fit-params figure: {exc}"))
+    if plans:  # the slots and context of the first quantization that fits (else the first)
+        chosen = next((c for c in plans if c.fits), plans[0])
+        ctx, total = chosen.per_slot, chosen.pool
+    else:
+        total = ctx * slots
     return {
         "model": model, "source": source, "architecture": first.arch, "gpus": {"count": spec.count, "gib": spec.gib, "devices": devices},
-        "ctx_per_slot": ctx, "parallel": slots, "ctx_total": ctx * slots, "context_train": trained,
+        "ctx_per_slot": ctx, "parallel": slots, "ctx_total": total, "context_train": trained,
+        "planned": bool(plans), "budget": budget.rule if plans else None,
         "cuda_overhead_mib": CUDA_OVERHEAD_MIB, "fit_margin_mib": FIT_MARGIN_MIB,
         "rows": [r.as_dict() for r in rows],
         "findings": [dataclasses.asdict(f) for f in findings],

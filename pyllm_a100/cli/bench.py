@@ -7,6 +7,7 @@ works: :func:`legacy_argv` rewrites it into the subcommand before typer parses i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import sys
@@ -31,7 +32,7 @@ Repeat = Annotated[int, typer.Option(help="Requests per client (per level with a
 TensorSplit = Annotated[Optional[str], typer.Option(help="With MODEL: 1x8, 3,1 ...")]
 ApiKey = Annotated[Optional[str], typer.Option(help="API key of the server at --url.", envvar="PYLLM_API_KEY")]
 
-SUBCOMMANDS = ("run", "concurrency", "verify", "draft", "profile", "tune")
+SUBCOMMANDS = ("run", "concurrency", "agents", "verify", "draft", "profile", "tune")
 
 
 def _model_or_url(model: Optional[str], url: Optional[str]) -> None:
@@ -122,6 +123,48 @@ def concurrency_cmd(
     if failures:
         first = next(r.first_error for r in rows if r.first_error)
         raise BenchError(f"{failures} request(s) failed (first: {first}): see the server's log (pyllm logs) or lower --concurrency")
+
+
+@bench_app.command("agents")
+def agents_cmd(
+    model: Model = None,
+    url: Url = None,
+    concurrency: Annotated[str, typer.Option(help="Clients at once, per level.")] = "8,16,32,64",
+    system_tokens: Annotated[int, typer.Option(help="The system prompt every request shares, in tokens.")] = 2048,
+    tail_tokens: Annotated[int, typer.Option(help="Each request's own tokens after it.")] = 256,
+    gen_tokens: GenTokens = 64,
+    repeat: Annotated[int, typer.Option(help="Requests per client, one after the other.")] = 2,
+    baseline_args: Annotated[str, typer.Option(help="With MODEL: the baseline server's llama-server flags.")] = " ".join(
+        ("--parallel", "16", "--kv-unified", "--ctx-size", "16384")),
+    baseline_binary: Annotated[Optional[str], typer.Option(help="With MODEL: the baseline's llama-server (e.g. a build of the pin); default: this package's.")] = None,
+    tensor_split: TensorSplit = None,
+    api_key: ApiKey = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """An agent team's load (a long shared system prompt, own tails, many clients): TTFT p50/p99, tokens/s,
+    prompt-cache reuse and failures; with MODEL, pyllm serve's defaults against a baseline server in one run."""
+    from ..bench import agents
+    from ..bench.concurrency import parse_levels
+
+    _model_or_url(model, url)
+    load = agents.Load(system_tokens=system_tokens, tail_tokens=tail_tokens, gen_tokens=gen_tokens, requests_per_client=repeat)
+    levels = parse_levels(concurrency)
+    if url is not None:
+        rows = agents.measure(url, levels, load, server=url, api_key=api_key)
+    else:
+        rows = agents.compare(model, levels, load, baseline_args=shlex.split(baseline_args), baseline_binary=baseline_binary,
+                              tensor_split=tensor_split)
+    if as_json:
+        print(json.dumps({"load": dataclasses.asdict(load), "levels": [r.as_row() for r in rows]}, indent=2))
+        return
+    print_table(f"shared system prompt {system_tokens} tokens + {tail_tokens} of its own, {gen_tokens} generated, "
+                f"{repeat} request(s) per client",
+                ["server", "clients", "aggregate t/s", "TTFT p50 s", "TTFT p99 s", "prompt reused", "requests", "failures"],
+                [[r.server, str(r.clients), f"{r.aggregate_tps:.1f}", f"{r.ttft_p50_s:.3f}", f"{r.ttft_p99_s:.3f}",
+                  f"{r.prompt_reused:.0%}", str(r.requests), str(r.failures)] for r in rows])
+    for r in rows:
+        if r.first_error:
+            print(f"{r.server}, {r.clients} clients: first failure: {r.first_error}")
 
 
 @bench_app.command("verify")

@@ -8,12 +8,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..models.gguf_files import MODEL_FORMS
+from ..serve.options import MODEL_HELP
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-MODEL_HELP = MODEL_FORMS[0].upper() + MODEL_FORMS[1:] + "."
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 JsonListFlag = Annotated[bool, typer.Option("--json", help="Print a JSON list instead of text, one object per row.")]

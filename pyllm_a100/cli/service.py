@@ -18,9 +18,6 @@ service_app = typer.Typer(help="Run pyllm serve as a systemd service: started at
 UserFlag = Annotated[bool, typer.Option("--user", help="A user unit (~/.config/systemd/user; systemctl --user) instead of a system one.")]
 RootOption = Annotated[Optional[Path], typer.Option(
     help="Write under this folder as if it were / (an image being built); systemctl is not run.")]
-# serve options that a unit may not carry as given
-_REFUSED = {"detach": "a service runs pyllm serve in the foreground (systemd supervises it): drop --detach",
-            "name": "the service's NAME is the server's name: drop --name"}
 
 
 def _pyllm_executable() -> str:
@@ -33,43 +30,28 @@ def _pyllm_executable() -> str:
     return os.path.abspath(found)
 
 
-def _serve_params(model: str, args: list[str]) -> tuple[Any, dict[str, Any], list[str]]:
-    """The serve command's own parser over MODEL and the options: (command, values, arguments after --)."""
+def _serve_options(model: str, args: list[str]) -> Any:
+    """ServeOptions from serve's own command-line parser over MODEL and the options (its api_key is not used)."""
     import typer.main
 
+    from ..serve.options import ServeOptions
     from .serving import serve_cmd
 
     alone = typer.Typer()  # serve as app.py registers it, on its own: its click command and parser
     alone.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve_cmd)
-    command = typer.main.get_command(alone)
-    ctx = command.make_context("pyllm service install NAME", [model, *args])  # its api_key (PYLLM_API_KEY) is not used
-    return command, dict(ctx.params), list(ctx.args)
+    ctx = typer.main.get_command(alone).make_context("pyllm service install NAME", [model, *args])
+    return ServeOptions(**dict(ctx.params), extra_args=list(ctx.args))
 
 
-def _serve_argv(command: Any, params: dict[str, Any], extra: list[str], name: str, model: str) -> list[str]:
+def _serve_argv(options: Any, name: str, model: str) -> list[str]:
     """`pyllm serve MODEL --opt value ... --name NAME [-- extra]` with only the options that differ from serve's defaults."""
     from ..serve.server import absolute_paths
 
-    argv = [_pyllm_executable(), "serve", model]
-    for param in command.params:
-        if param.name in ("model", "api_key") or not param.opts or not param.opts[0].startswith("--"):
-            continue
-        value = params.get(param.name)
-        if value is None or value == param.default:
-            continue
-        if param.name in _REFUSED:
-            from ..errors import InvalidArgument
-
-            raise InvalidArgument(_REFUSED[param.name])
-        if getattr(param, "is_flag", False):
-            argv.append(param.opts[0] if value else param.secondary_opts[0])
-            continue
-        if param.name == "draft" and value != "auto":
-            value = os.path.abspath(os.path.expanduser(value))
-        argv += [param.opts[0], str(value)]
-    argv += ["--name", name]
-    if extra:
-        argv += ["--", *absolute_paths(extra)]
+    if options.draft is not None and options.draft != "auto":
+        options.draft = os.path.abspath(os.path.expanduser(options.draft))
+    argv = [_pyllm_executable(), "serve", model, *options.cli_args(), "--name", name]
+    if options.extra_args:
+        argv += ["--", *absolute_paths(options.extra_args)]
     return argv
 
 
@@ -102,22 +84,22 @@ def install_cmd(
     from ..serve.server import check_api_key
 
     where = systemd.paths(name, user=user, root=root)
-    command, params, extra = _serve_params(model, list(ctx.args))
+    options = _serve_options(model, list(ctx.args))
     resolved = str(resolve_model(model).first)  # absolute: systemd starts it with cwd /
-    argv = _serve_argv(command, params, extra, name, resolved)
+    argv = _serve_argv(options, name, resolved)
     generated = None
     if api_key is not None:
         check_api_key(api_key)
-    elif not is_loopback(params.get("host") or "127.0.0.1"):
+    elif not is_loopback(options.host or "127.0.0.1"):
         api_key = generated = secrets.token_urlsafe(32)
     state_home = home().absolute()
     if run_as is not None:
         state_home = _home_of(run_as, user)
     environment = {"PYLLM_HOME": str(state_home), "CUDA_CACHE_MAXSIZE": "4294967296",
                    "PYLLM_SERVICE": systemd.unit_name(name)}
-    if params.get("gpus"):
+    if options.gpus:
         environment["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        environment["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, parse_gpu_list(params["gpus"])))
+        environment["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, parse_gpu_list(options.gpus)))
     text = systemd.render(name, argv, environment, env_file=where.env_file if api_key else None, user=user,
                           description=f"pyllm serve {name} ({Path(resolved).name})", run_as=run_as)
     if print_only:

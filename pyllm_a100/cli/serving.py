@@ -47,60 +47,63 @@ def _print_ready(url: str, served_name: str, api_key: str | None, key_file: str 
     sys.stdout.flush()
 
 
-def serve_cmd(
-    ctx: typer.Context,
-    model: Annotated[str, typer.Argument(help=MODEL_HELP)],
-    tensor_split: Annotated[Optional[str], typer.Option(help="How to spread layers over GPUs: 1x8, 3,1, 2x2,1x4.")] = None,
-    split_mode: Annotated[Optional[str], typer.Option(help="layer (default), tensor or none (row is gone from llama.cpp's CUDA backend).")] = None,
-    ctx_size: Annotated[Optional[int], typer.Option(help="Context length in tokens (default: the model's, at most 16384).")] = None,
-    host: Annotated[str, typer.Option(help="Address to bind; anything but loopback requires an API key.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8080,
-    api_key: Annotated[Optional[str], typer.Option(
-        help="Require this API key (generated for non-loopback hosts). Prefer PYLLM_API_KEY: a value given here shows in ps.",
-        envvar="PYLLM_API_KEY")] = None,
-    n_gpu_layers: Annotated[Optional[int], typer.Option(help="Layers on GPU (default: all when a GPU is visible).")] = None,
-    parallel: Annotated[Optional[int], typer.Option(help="Request slots served at once.")] = None,
-    cors_origins: Annotated[Optional[str], typer.Option(help="Widen CORS beyond the server's own origin (e.g. '*').")] = None,
-    alias: Annotated[Optional[str], typer.Option(help="Model name clients use (default: the file's).")] = None,
-    name: Annotated[Optional[str], typer.Option(help="Name in pyllm ps/stop/logs: letters, digits, . _ - (default: MODEL-PORT).")] = None,
-    rpc: Annotated[Optional[str], typer.Option(help="rpc-server workers HOST:PORT[,...] holding layers too (pyllm rpc-worker).")] = None,
-    draft: Annotated[Optional[str], typer.Option(
-        help="Speculative decoding: a draft GGUF (DSpark, MTP or a small model of the same vocabulary; the kind is read "
-             "from the file), or auto for the one `pyllm fetch --draft` put beside the model.")] = None,
-    draft_max: Annotated[Optional[int], typer.Option(help="Tokens drafted per step (llama-server's --spec-draft-n-max; DSpark: 7).")] = None,
-    detach: Annotated[bool, typer.Option(help="Return once ready; a supervisor keeps it running.")] = False,
-    restart: Annotated[Optional[int], typer.Option(help="Restarts after a crash (default: 3 detached, 0 in the foreground).")] = None,
-    gpus: Annotated[Optional[str], typer.Option(
-        help="GPUs this server uses, numbered as nvidia-smi numbers them: 0-3, 4-7, 0,1 or 2 (default: every visible one).")] = None,
-    metrics: Annotated[bool, typer.Option(
-        help="Turn on llama-server's Prometheus endpoint, /metrics (behind the API key); pyllm metrics NAME has the supervisor's.")] = False,
-) -> None:
+def _serve(ctx: typer.Context, **values) -> None:
     """Run llama-server on MODEL with a progress bar, safe defaults and supervision.
 
+    Without --ctx-size the KV pool is planned from the memory free after the weights, and each of the
+    slots may hold up to the model's trained context (pyllm doctor MODEL shows the plan).
     Extra llama-server flags go after --, e.g. pyllm serve m.gguf -- --no-mmap
     Configuration errors exit 78 (EX_CONFIG), other failures 1.
     """
     from ..errors import CONFIG_ERRORS, EX_CONFIG
+    from ..serve.service import ServeRequest
 
     try:
-        _serve(ctx, model, tensor_split, split_mode, ctx_size, host, port, api_key, n_gpu_layers, parallel, cors_origins,
-               alias, name, rpc, draft, draft_max, detach, restart, gpus, metrics)
+        _serve_request(ServeRequest(**values, extra_args=list(ctx.args)))
     except CONFIG_ERRORS as exc:
         exc.exit_code = EX_CONFIG  # main() prints the one line and exits with it: systemd's RestartPreventExitStatus
         raise
 
 
-def _serve(ctx, model, tensor_split, split_mode, ctx_size, host, port, api_key, n_gpu_layers, parallel, cors_origins,
-           alias, name, rpc, draft, draft_max, detach, restart, gpus, metrics) -> None:
+def _command_from_options(run):
+    """A typer command whose parameters are ServeOptions' fields: their types, help, environment and defaults."""
+    import dataclasses
+    import inspect
+    import typing
+
+    from ..serve.options import ServeOptions
+
+    hints = typing.get_type_hints(ServeOptions)
+    params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
+    for f in ServeOptions.cli_fields():
+        kind = hints[f.name]
+        inner = [a for a in typing.get_args(kind) if a is not type(None)]
+        if len(inner) == 1 and type(None) in typing.get_args(kind):
+            kind = Optional[inner[0]]
+        info = (typer.Argument(help=f.metadata["help"]) if f.metadata.get("argument")
+                else typer.Option(help=f.metadata["help"], envvar=f.metadata.get("envvar")))
+        default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+        params.append(inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
+                                        annotation=Annotated[kind, info]))
+
+    def command(ctx: typer.Context, **values) -> None:
+        run(ctx, **values)
+
+    command.__signature__ = inspect.Signature(params)
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.__doc__ = run.__doc__
+    command.__name__ = "serve"
+    return command
+
+
+serve_cmd = _command_from_options(_serve)
+
+
+def _serve_request(request) -> None:
     from ..serve import service
 
-    request = service.ServeRequest(
-        model=model, host=host, port=port, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers,
-        tensor_split=tensor_split, split_mode=split_mode, parallel=parallel, cors_origins=cors_origins,
-        alias=alias, rpc=rpc, draft=draft, draft_max=draft_max, extra_args=list(ctx.args), restart=restart if restart is not None else (3 if detach else 0),
-        name=name, gpus=gpus, metrics=metrics,
-    )
-    prepared = service.prepare(request, api_key=api_key)
+    api_key = request.api_key
+    prepared = service.prepare(request)
     _warn_overlaps(prepared)
     if prepared.config.rpc:
         _print_devices(prepared.config.rpc, prepared.config.tensor_split)
@@ -108,7 +111,7 @@ def _serve(ctx, model, tensor_split, split_mode, ctx_size, host, port, api_key, 
     cfg = prepared.config
     offload = "all" if (cfg.n_gpu_layers or 0) >= 999 else cfg.n_gpu_layers
     gpus = f", layers offloaded: {offload}" + (" (RPC workers)" if cfg.rpc else "") if cfg.n_gpu_layers else ", CPU"
-    split = f", tensor split {tensor_split}" if tensor_split else ""
+    split = f", tensor split {request.tensor_split}" if request.tensor_split else ""
     if cfg.gpus is not None:
         from ..devices.gpus import format_gpu_list
 
@@ -121,8 +124,10 @@ def _serve(ctx, model, tensor_split, split_mode, ctx_size, host, port, api_key, 
         d = cfg.draft.describe()
         per_step = f", at most {d['n_max']} tokens per step" if d["n_max"] else ""
         err.print(f"draft: {d['path']} ({d['spec_type']}{per_step})", highlight=False)
+    if cfg.capacity is not None:
+        err.print(f"plan: {cfg.capacity.summary()}", highlight=False)
     bar, update = _progress_printer(cfg.model.name)
-    if detach:
+    if request.detach:
         proc = service.start_detached(prepared)
         with bar:
             data = service.wait_detached(prepared, proc, on_progress=update)

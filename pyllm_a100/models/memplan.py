@@ -265,6 +265,7 @@ class Row:
     note: str = ""
     llama_fit_mib: dict[str, dict[str, int]] | None = None  # llama-fit-params' own figure (local files)
     tensor_types: dict[str, int] = dataclasses.field(default_factory=dict)
+    capacity: dict[str, Any] | None = None  # the pool and slots pyllm serve would plan (models/capacity.py)
 
     @property
     def max_device(self) -> int:

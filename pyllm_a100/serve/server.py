@@ -29,6 +29,7 @@ from . import failures, tensor_mode
 from ..errors import GpuSelectionError, PortInUse, ServerConfigError
 from ..models.gguf_files import ModelFiles, resolve_model
 from ..build.native import binary, build_info
+from ..models.capacity import DEFAULT_SLOTS, Budget, Capacity
 from .net import bind_refusal, free_port, host_problem, is_loopback
 from .process import ManagedProcess
 from ..devices.splits import check_against_devices, parse_tensor_split, to_llama_arg
@@ -36,15 +37,15 @@ from ..devices.splits import check_against_devices, parse_tensor_split, to_llama
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8080
-DEFAULT_CTX = 16384
+DEFAULT_CTX = 16384  # the pool when no memory plan is made (RPC workers hold layers: their memory is not planned)
 SPLIT_MODES = ("layer", "tensor", "none")
-# Request slots when --parallel is not given: pyllm serve passes --parallel N --kv-unified, N slots sharing
-# the pool of --ctx-size tokens, so one slot can still hold a long conversation (None would leave
-# llama-server's own 4 slots). 16 from lab/notes/benchmarks.md, "Concurrency" (2x H200, real-shape V4 cut to
-# 4 layers): at 16 streams 1.22x the aggregate of llama-server's 4 slots and TTFT p50 0.25 s instead of
-# 1.53 s (requests stop queueing), one stream as fast as before. doctor says how many slots of the full
-# context fit the memory left (slots.suggest).
-DEFAULT_PARALLEL: int | None = 16
+# Request slots when --parallel is not given (models/capacity.py plans the KV pool for them). 16 from
+# lab/notes/benchmarks.md, "Concurrency" (2x H200, real-shape V4 cut to 4 layers): at 16 streams 1.22x the
+# aggregate of llama-server's 4 slots and TTFT p50 0.25 s instead of 1.53 s, one stream as fast as before.
+DEFAULT_PARALLEL: int | None = DEFAULT_SLOTS
+# llama-server flags after `--` that size the cache or the slots: given there, they are the user's and no plan is made
+SIZING_FLAGS = frozenset({"-c", "--ctx-size", "-np", "--parallel", "-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified",
+                          "--kv-unified-per-slot"})
 
 
 @dataclasses.dataclass
@@ -67,6 +68,8 @@ class ServerConfig:
     extra_args: list[str] = dataclasses.field(default_factory=list)
     gpus: list[int] | None = None  # --gpus: nvidia-smi numbers; the child sees only these (child_env)
     metrics: bool = False  # llama-server's Prometheus endpoint, /metrics (behind the API key like every route)
+    capacity: Capacity | None = None  # the planned pool and slots (None: sized after --, or not planned)
+    queue_timeout: float | None = None  # seconds a request may wait for KV room (llama-server --queue-timeout)
 
     @property
     def served_name(self) -> str:
@@ -74,6 +77,8 @@ class ServerConfig:
 
     @property
     def effective_ctx(self) -> int:
+        if self.capacity is not None:
+            return self.capacity.pool
         if self.ctx_size is not None:
             return self.ctx_size
         trained = self.model.metadata.get(f"{self.model.architecture}.context_length")
@@ -112,7 +117,6 @@ class ServerConfig:
             "--model", str(self.model.first),
             "--host", self.host,
             "--port", str(self.port),
-            "--ctx-size", str(self.effective_ctx),
             "--alias", self.served_name,
             "--cors-origins", self.cors_allowed,
         ]
@@ -124,10 +128,18 @@ class ServerConfig:
             argv += ["--split-mode", self.split_mode]
         if (self.split_mode or tensor_mode.flag_value(self.extra_args, tensor_mode.SPLIT_MODE)) == "tensor":
             argv += tensor_mode.argv_defaults(self.extra_args)
-        if self.parallel is not None:
-            argv += ["--parallel", str(self.parallel)]
-        elif DEFAULT_PARALLEL is not None:
-            argv += ["--parallel", str(DEFAULT_PARALLEL), "--kv-unified"]
+        if self.capacity is not None:
+            argv += self.capacity.argv()
+        else:  # sized after -- (those flags come last and win), or not planned (RPC): the fixed defaults
+            given = set(self.extra_args)
+            if not {"-c", "--ctx-size"} & given:
+                argv += ["--ctx-size", str(self.effective_ctx)]
+            if self.parallel is not None:
+                argv += ["--parallel", str(self.parallel)]
+            elif DEFAULT_PARALLEL is not None and not {"-np", "--parallel"} & given:
+                argv += ["--parallel", str(DEFAULT_PARALLEL)] + ([] if SIZING_FLAGS & given else ["--kv-unified"])
+        if self.queue_timeout is not None:
+            argv += ["--queue-timeout", f"{self.queue_timeout:g}"]
         if self.api_key_file is not None:
             argv += ["--api-key-file", str(self.api_key_file)]
         if self.rpc:
@@ -179,6 +191,7 @@ def make_config(
     require_api_key: bool = True,
     gpus: str | Sequence[int] | None = None,
     metrics: bool = False,
+    queue_timeout: float | None = None,
 ) -> ServerConfig:
     """Validate every input before anything starts; raise one clear error per mistake.
 
@@ -190,6 +203,9 @@ def make_config(
         raise ServerConfigError(f"--ctx-size {ctx_size}: must be a positive number of tokens (e.g. 8192)")
     if parallel is not None and parallel < 1:
         raise ServerConfigError(f"--parallel {parallel}: must be at least 1")
+    if queue_timeout is not None and not queue_timeout >= 0:
+        raise ServerConfigError(f"--queue-timeout {queue_timeout}: give the seconds a request may wait for room in the "
+                                "KV pool (0: as long as it takes)")
     if n_gpu_layers is not None and n_gpu_layers < -1:
         raise ServerConfigError(f"--n-gpu-layers {n_gpu_layers}: give 0 (CPU only), a number of layers (999 = all) "
                                 "or -1 (llama.cpp decides); leave it out for all layers when a GPU is visible")
@@ -260,12 +276,54 @@ def make_config(
         raise ServerConfigError(reason)
     if n_gpu_layers is None:
         n_gpu_layers = 999 if endpoints or usable else None  # all layers on the GPUs (remote devices hold layers too)
+    capacity = None if endpoints or SIZING_FLAGS & set(extra_args) else plan_capacity(
+        files, ctx_size=ctx_size, parallel=parallel, gpus=selected if selected is not None else usable,
+        n_gpu_layers=n_gpu_layers, split=parts)
     return ServerConfig(
         model=files, host=host, port=port, ctx_size=ctx_size, n_gpu_layers=n_gpu_layers, tensor_split=parts,
         split_mode=split_mode, parallel=parallel, api_key_file=Path(api_key_file) if api_key_file else None,
         cors_origins=cors_origins, alias=alias, rpc=endpoints, draft=spec, extra_args=list(extra_args),
-        gpus=selected, metrics=metrics,
+        gpus=selected, metrics=metrics, capacity=capacity, queue_timeout=queue_timeout,
     )
+
+
+def plan_capacity(files: ModelFiles, *, ctx_size: int | None, parallel: int | None, gpus: Sequence[int] | int,
+                  n_gpu_layers: int | None, split: list[float] | None) -> Capacity | None:
+    """The KV pool and slots for this model on this machine (models/capacity.py): the GPUs' memory when every layer
+    is offloaded to them, else RAM. A --ctx-size or --parallel that cannot fit is refused, naming the largest pool
+    that does; when not even the default plan fits (the weights alone), None: llama.cpp's --fit decides, as before."""
+    from ..models import capacity
+    from ..models.memplan import local_shape
+
+    shape = local_shape(files)
+    budget = None
+    if gpus and n_gpu_layers is not None and n_gpu_layers >= shape.n_layer + 1:
+        from ..devices.gpus import visible_gpus
+
+        present = visible_gpus()
+        chosen = [g for g in present if g.physical_index in gpus] if not isinstance(gpus, int) else present[:gpus]
+        if chosen:
+            budget = Budget.gpus([g.memory_total for g in chosen], [g.memory_total - g.memory_free for g in chosen])
+    if budget is None:
+        import psutil
+
+        # the default pool takes a share of RAM; a pool the user asks for only has to fit what is available
+        budget = Budget.cpu(psutil.virtual_memory().available, whole=ctx_size is not None)
+    plan = capacity.plan(shape, budget, slots=parallel, pool=ctx_size, split=split)
+    if plan.fits:
+        log.info("capacity plan: %s", plan.summary())
+        return plan
+    if ctx_size is None and parallel is None:
+        log.warning("no KV pool fits beside the weights (%s): llama.cpp's --fit decides", budget.rule)
+        return None
+    asked = f"--ctx-size {ctx_size}" if ctx_size is not None else f"--parallel {parallel}"
+    if plan.largest_pool:
+        unit = "tokens in all" if not plan.shared else "tokens"
+        raise ServerConfigError(f"{asked}: {plan.kv_bytes / 2**30:.2f} GiB of KV cache for {plan.pool} tokens does not fit "
+                                f"beside the weights and compute buffers ({budget.rule}): the largest pool that fits "
+                                f"{plan.slots} slots is --ctx-size {plan.largest_pool} ({unit})")
+    raise ServerConfigError(f"{asked}: no KV pool for {plan.slots} slot(s) fits beside the weights and compute buffers "
+                            f"({budget.rule}): use fewer --parallel, more GPUs (--tensor-split) or a smaller quantization")
 
 
 def check_api_key(key: str) -> str:
@@ -385,8 +443,10 @@ class Server(ManagedProcess):
         on_progress: Callable[[LoadProgress], None] | None = None,
         on_event: Callable[[str], None] | None = None,
         env: dict[str, str] | None = None,
+        server_binary: str | os.PathLike[str] | None = None,
         **options: Any,
     ) -> None:
+        """``server_binary``: another llama-server to run with the same configuration (a benchmark's baseline)."""
         if config is None:
             if model is None:
                 raise ServerConfigError("Server needs a model (a .gguf file, shard 1 of a set, or a folder)")
@@ -399,7 +459,7 @@ class Server(ManagedProcess):
             env = config.child_env(env)  # --gpus: CUDA_VISIBLE_DEVICES for the child only
         self.on_progress = on_progress
         self._loaded = 0
-        super().__init__(config.to_argv(binary("llama-server")), log_path=log_path, ready_timeout=ready_timeout,
+        super().__init__(config.to_argv(server_binary or binary("llama-server")), log_path=log_path, ready_timeout=ready_timeout,
                          restart=restart, on_event=on_event, env=env)
 
     @staticmethod

@@ -27,6 +27,7 @@ from ..errors import InvalidArgument, ServerDied, ServerError
 from .net import is_loopback
 from .process import ManagedProcess
 from .rpc import DEFAULT_PORT as DEFAULT_RPC_PORT
+from .options import ServeOptions
 from .rpc import RpcWorker, WorkerConfig
 from .server import LoadProgress, Server, ServerConfig, absolute_paths, check_api_key, make_config
 
@@ -34,39 +35,16 @@ REQUEST = "request.json"
 
 
 @dataclasses.dataclass
-class ServeRequest:
-    """What `pyllm serve` was asked; JSON-serialisable so a detached supervisor can run it."""
+class ServeRequest(ServeOptions):
+    """What `pyllm serve` was asked (ServeOptions) and what prepare() settled; JSON-serialisable so a detached
+    supervisor can run it. The API key itself is never here: prepare() writes it to a 0600 file."""
 
-    model: str
-    host: str = "127.0.0.1"
-    port: int = 8080
-    ctx_size: int | None = None
-    n_gpu_layers: int | None = None
-    tensor_split: str | None = None
-    split_mode: str | None = None
-    parallel: int | None = None
-    cors_origins: str | None = None
-    alias: str | None = None
-    rpc: str | None = None
-    draft: str | None = None  # a draft GGUF or "auto" (drafts.py)
-    draft_max: int | None = None
-    extra_args: list[str] = dataclasses.field(default_factory=list)
-    restart: int = 0
-    name: str | None = None
     api_key_file: str | None = None
     kind: str = "server"
-    gpus: str | None = None  # --gpus 0-3: nvidia-smi numbers; CUDA_VISIBLE_DEVICES for llama-server only
-    metrics: bool = False  # --metrics: llama-server's /metrics (Prometheus), behind the API key
 
     def to_config(self, *, require_api_key: bool = True) -> ServerConfig:
         """Validated ServerConfig (raises the one-line errors for bad input)."""
-        return make_config(
-            self.model, host=self.host, port=self.port, ctx_size=self.ctx_size, n_gpu_layers=self.n_gpu_layers,
-            tensor_split=self.tensor_split, split_mode=self.split_mode, parallel=self.parallel,
-            cors_origins=self.cors_origins, alias=self.alias, rpc=self.rpc, draft=self.draft, draft_max=self.draft_max,
-            extra_args=self.extra_args, api_key_file=self.api_key_file, require_api_key=require_api_key,
-            gpus=self.gpus, metrics=self.metrics,
-        )
+        return make_config(**self.config_kwargs(), api_key_file=self.api_key_file, require_api_key=require_api_key)
 
 
 @dataclasses.dataclass
@@ -103,7 +81,7 @@ class Prepared:
         if isinstance(self.config, WorkerConfig):
             callbacks.pop("on_progress", None)
             return RpcWorker(self.config, log_path=log_path, restart=self.request.restart, **callbacks)
-        return Server(config=self.config, log_path=log_path, restart=self.request.restart, **callbacks)
+        return Server(config=self.config, log_path=log_path, restart=self.request.restarts, **callbacks)
 
     def describe(self) -> dict[str, Any]:
         if isinstance(self.config, WorkerConfig):
@@ -115,7 +93,9 @@ class Prepared:
                 "draft": self.config.draft.describe() if self.config.draft is not None else None,
                 "gpus": self.gpus_used(), "gpus_given": self.config.gpus is not None,
                 "metrics": f"{self.config.public_url}/metrics" if self.config.metrics else None,
-                "service": os.environ.get("PYLLM_SERVICE")}  # the systemd unit running it (pyllm service install)
+                "service": os.environ.get("PYLLM_SERVICE"),  # the systemd unit running it (pyllm service install)
+                "options": self.request.public(),
+                "plan": self.config.capacity.as_dict() if self.config.capacity is not None else None}
 
     def gpus_used(self) -> list[int]:
         """nvidia-smi numbers of the GPUs this server may use: --gpus, else every visible one when it offloads."""
@@ -177,9 +157,10 @@ def prepare(request: ServeRequest, api_key: str | None = None) -> Prepared:
     detached supervisor runs with cwd ``/`` and must find the same files.
     """
     # Validate before touching disk: a bad model or port must leave nothing behind.
-    _check_restart(request.restart)
+    _check_restart(request.restarts)
     if request.name is not None:
         state.check_name(request.name)
+    api_key, request.api_key = api_key if api_key is not None else request.api_key, None  # never into request.json
     if api_key is not None:
         check_api_key(api_key)
     if request.api_key_file is not None:
@@ -211,7 +192,7 @@ def _state_record(prepared: Prepared, server: ManagedProcess | None, status: str
         # None once it has exited: while restarting, ps showed the PID of the llama-server that died
         "server_pid": server.pid if server and server.proc and server.proc.returncode is None else None,
         **prepared.describe(),
-        "restart_limit": prepared.request.restart,
+        "restart_limit": getattr(prepared.request, "restarts", prepared.request.restart),
         "restarts": server.restarts if server else 0,
         "log": str(prepared.directory / "server.log"),
         **prepared.figures,

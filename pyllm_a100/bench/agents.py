@@ -1,0 +1,150 @@
+"""An agent team's load on one server: a long shared system prompt, a tail of its own per request, many clients.
+
+What coding agents do to a team server: every request repeats a long prefix (instructions, tools, the repository's
+context) and adds its own tail, and many arrive at once. Per concurrency level: time to first token p50/p99,
+aggregate generated tokens/s, the share of prompt tokens the server's prompt cache reused (llama-server's
+``cache_n`` against ``cache_n + prompt_n``), and failed requests with the first error. :func:`compare` starts
+``pyllm serve``'s defaults and a baseline (llama.cpp's own settings: ``--parallel 16 --kv-unified`` at a
+16384-token pool, or any llama-server binary) on the same model, one after the other in the same run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .concurrency import percentile
+from .throughput import BenchError, _vocab_size, check_ready, sse_data
+
+log = logging.getLogger(__name__)
+
+BASELINE_ARGS = ("--parallel", "16", "--kv-unified", "--ctx-size", "16384")  # llama.cpp's team setting, pyllm's before
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    system_tokens: int = 2048  # the shared prefix
+    tail_tokens: int = 256  # each request's own part
+    gen_tokens: int = 64
+    requests_per_client: int = 2
+
+    def check(self) -> None:
+        if min(self.system_tokens, self.tail_tokens, self.gen_tokens, self.requests_per_client) < 1:
+            raise BenchError("--system-tokens, --tail-tokens, --gen-tokens and --repeat must be at least 1")
+
+
+@dataclasses.dataclass
+class AgentLevel:
+    server: str  # which server: "pyllm serve" or the baseline's label
+    clients: int
+    requests: int  # completed
+    failures: int
+    wall_s: float
+    aggregate_tps: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    prompt_reused: float  # share of prompt tokens served from the prompt cache
+    first_error: str | None = None
+
+    def as_row(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _request(client: httpx.Client, url: str, prompt: list[int], gen: int) -> tuple[float, dict]:
+    """One streamed completion with the prompt cache on: (seconds to the first token, llama-server's timings)."""
+    started = time.perf_counter()
+    first, timings = None, {}
+    body = {"prompt": prompt, "n_predict": gen, "ignore_eos": True, "cache_prompt": True, "temperature": 0, "stream": True}
+    with client.stream("POST", url + "/completion", json=body, timeout=None) as response:
+        if response.status_code != 200:
+            raise BenchError(f"HTTP {response.status_code}: {response.read()[:300].decode(errors='replace')}")
+        import json
+
+        for data in sse_data(response):
+            chunk = json.loads(data)
+            if first is None and chunk.get("content"):
+                first = time.perf_counter() - started
+            if chunk.get("stop"):
+                timings = chunk.get("timings") or {}
+    if not timings:
+        raise BenchError("the stream ended without llama-server's final chunk")
+    return (first if first is not None else time.perf_counter() - started), timings
+
+
+def measure(url: str, levels: Sequence[int], load: Load, *, server: str = "-", api_key: str | None = None, seed: int = 0,
+            on_level: Callable[[AgentLevel], None] | None = None) -> list[AgentLevel]:
+    """Each level of clients against one running server; failed requests are counted, not raised."""
+    load.check()
+    if not levels or min(levels) < 1:
+        raise BenchError("--concurrency: give at least one level, each at least 1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = url.rstrip("/").removesuffix("/v1")
+    fresh = httpx.Limits(max_keepalive_connections=0)  # llama-server closes a connection after a stream
+    rng = random.Random(seed)
+    with httpx.Client(headers=headers, limits=fresh) as client:
+        check_ready(client, url)
+        n_vocab = _vocab_size(client, url)
+        system = [rng.randrange(10, max(11, n_vocab - 1)) for _ in range(load.system_tokens)]
+        _request(client, url, system + [11] * 8, 4)  # warm-up, not counted: first-use costs stay out
+    out = []
+    for n in levels:
+        prompts = [[system + [rng.randrange(10, max(11, n_vocab - 1)) for _ in range(load.tail_tokens)]
+                    for _ in range(load.requests_per_client)] for _ in range(n)]
+        done: list[tuple[float, dict]] = []
+        errors: list[str] = []
+        lock = threading.Lock()
+
+        def client_thread(mine: list[list[int]]) -> None:
+            with httpx.Client(headers=headers, limits=fresh) as own:
+                for p in mine:
+                    try:
+                        result = _request(own, url, p, load.gen_tokens)
+                    except Exception as exc:  # a failure of this level
+                        with lock:
+                            errors.append(f"{type(exc).__name__}: {exc}")
+                        continue
+                    with lock:
+                        done.append(result)
+
+        started = time.perf_counter()
+        threads = [threading.Thread(target=client_thread, args=(mine,), daemon=True) for mine in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - started
+        generated = sum(int(t.get("predicted_n", 0)) for _, t in done)
+        cached = sum(int(t.get("cache_n", 0)) for _, t in done)
+        processed = sum(int(t.get("prompt_n", 0)) for _, t in done)
+        ttfts = [s for s, _ in done]
+        row = AgentLevel(server=server, clients=n, requests=len(done), failures=len(errors), wall_s=wall,
+                         aggregate_tps=generated / wall if wall > 0 else 0.0, ttft_p50_s=percentile(ttfts, 50),
+                         ttft_p99_s=percentile(ttfts, 99), prompt_reused=cached / (cached + processed) if cached + processed else 0.0,
+                         first_error=errors[0] if errors else None)
+        log.info("%s, %d clients: %.1f tok/s, %d failures", server, n, row.aggregate_tps, row.failures)
+        out.append(row)
+        if on_level:
+            on_level(row)
+    return out
+
+
+def compare(model: Any, levels: Sequence[int], load: Load, *, baseline_args: Sequence[str] = BASELINE_ARGS,
+            baseline_binary: str | Path | None = None, on_level: Callable[[AgentLevel], None] | None = None,
+            **server_options: Any) -> list[AgentLevel]:
+    """pyllm serve's defaults, then the baseline (its own llama-server flags, optionally another binary), same model."""
+    from ..serve.server import Server
+
+    rows: list[AgentLevel] = []
+    label = "llama.cpp " + " ".join(baseline_args) + (f" ({Path(baseline_binary).name})" if baseline_binary else "")
+    for name, extra, binary in (("pyllm serve", [], None), (label, list(baseline_args), baseline_binary)):
+        with Server(model, port=0, ready_timeout=3600, extra_args=extra, server_binary=binary, **server_options) as srv:
+            rows += measure(srv.base_url, levels, load, server=name, api_key=srv.api_key, on_level=on_level)
+    return rows

@@ -1,0 +1,102 @@
+"""Every option of `pyllm serve`, defined once.
+
+:class:`ServeOptions` is the one definition: the `pyllm serve` command is generated from its fields (their
+help, environment variable and default: cli/serving.py), a detached server's request.json is its fields,
+`pyllm ps --json` shows them (secrets left out), `pyllm service install` writes a unit's command line from the
+fields that differ from their defaults, and :meth:`ServeOptions.config_kwargs` feeds ``server.make_config``,
+whose ServerConfig.to_argv() is llama-server's command line. A new option is one field here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..models.gguf_files import MODEL_FORMS
+
+MODEL_HELP = MODEL_FORMS[0].upper() + MODEL_FORMS[1:] + "."
+DEFAULT_QUEUE_TIMEOUT = 600.0  # seconds a request may wait for KV space before a 503 (vLLM waits without a bound)
+
+
+def option(default: Any, help: str, *, envvar: str | None = None, secret: bool = False,
+           not_in_unit: str | None = None) -> Any:
+    """A field of ServeOptions: ``help`` for `pyllm serve --help`; ``secret`` never reaches state files, `ps` or a
+    unit's command line; ``not_in_unit`` is the one-line reason `pyllm service install` refuses the option."""
+    return dataclasses.field(default=default, metadata={"help": help, "envvar": envvar, "secret": secret,
+                                                        "not_in_unit": not_in_unit})
+
+
+@dataclasses.dataclass
+class ServeOptions:
+    """What `pyllm serve` is asked (``Server(...)`` takes the same names as keyword arguments)."""
+
+    model: str = dataclasses.field(metadata={"help": MODEL_HELP, "argument": True})
+    tensor_split: str | None = option(None, "How to spread layers over GPUs: 1x8, 3,1, 2x2,1x4.")
+    split_mode: str | None = option(None, "layer (default), tensor or none (row is gone from llama.cpp's CUDA backend).")
+    ctx_size: int | None = option(None, "KV cache pool in tokens, shared by the slots (default: planned from the "
+                                         "memory free after weights and compute buffers; pyllm doctor shows the plan).")
+    parallel: int | None = option(None, "Request slots served at once (default: 16, fewer when memory is short); "
+                                        "each slot holds up to the model's trained context.")
+    queue_timeout: float = option(DEFAULT_QUEUE_TIMEOUT, "Seconds a request may wait for room in the KV pool before it "
+                                                         "gets HTTP 503 with Retry-After (0: wait as long as it takes).")
+    host: str = option("127.0.0.1", "Address to bind; anything but loopback requires an API key.")
+    port: int = option(8080, "Port to listen on (0: any free port).")
+    api_key: str | None = option(None, "Require this API key (generated for non-loopback hosts). Prefer PYLLM_API_KEY: "
+                                       "a value given here shows in ps.", envvar="PYLLM_API_KEY", secret=True)
+    n_gpu_layers: int | None = option(None, "Layers on GPU (default: all when a GPU is visible).")
+    cors_origins: str | None = option(None, "Widen CORS beyond the server's own origin (e.g. '*').")
+    alias: str | None = option(None, "Model name clients use (default: the file's).")
+    name: str | None = option(None, "Name in pyllm ps/stop/logs: letters, digits, . _ - (default: MODEL-PORT).",
+                              not_in_unit="the service's NAME is the server's name: drop --name")
+    rpc: str | None = option(None, "rpc-server workers HOST:PORT[,...] holding layers too (pyllm rpc-worker).")
+    draft: str | None = option(None, "Speculative decoding: a draft GGUF (DSpark, MTP or a small model of the same "
+                                     "vocabulary; the kind is read from the file), or auto for the one `pyllm fetch "
+                                     "--draft` put beside the model.")
+    draft_max: int | None = option(None, "Tokens drafted per step (llama-server's --spec-draft-n-max; DSpark: 7).")
+    detach: bool = option(False, "Return once ready; a supervisor keeps it running.",
+                          not_in_unit="a service runs pyllm serve in the foreground (systemd supervises it): drop --detach")
+    restart: int | None = option(None, "Restarts after a crash (default: 3 detached, 0 in the foreground).")
+    gpus: str | None = option(None, "GPUs this server uses, numbered as nvidia-smi numbers them: 0-3, 4-7, 0,1 or 2 "
+                                    "(default: every visible one).")
+    metrics: bool = option(False, "Turn on llama-server's Prometheus endpoint, /metrics (behind the API key); "
+                                  "pyllm metrics NAME has the supervisor's.")
+    # llama-server's own flags, given after `--` (not an option of its own)
+    extra_args: list[str] = dataclasses.field(default_factory=list, metadata={"internal": True})
+
+    @classmethod
+    def cli_fields(cls) -> list[dataclasses.Field]:
+        """The fields `pyllm serve` has as an argument or an option, in --help order."""
+        return [f for f in dataclasses.fields(cls) if f.metadata.get("help")]
+
+    @property
+    def restarts(self) -> int:
+        """--restart, or its default: 3 for a detached server, 0 in the foreground."""
+        return self.restart if self.restart is not None else (3 if self.detach else 0)
+
+    def public(self) -> dict[str, Any]:
+        """The options as `pyllm ps --json` shows them: no secret."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.metadata.get("secret")}
+
+    def config_kwargs(self) -> dict[str, Any]:
+        """``server.make_config``'s keyword arguments (what decides llama-server's command line)."""
+        skip = {"api_key", "name", "detach", "restart"}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(ServeOptions) if f.name not in skip}
+
+    def cli_args(self) -> list[str]:
+        """`pyllm serve` options for the values that differ from the defaults (a systemd unit's command line);
+        an option a unit may not carry is refused in one line. MODEL and the arguments after -- are the caller's."""
+        from ..errors import InvalidArgument
+
+        out: list[str] = []
+        for f in self.cli_fields():
+            value = getattr(self, f.name)
+            if f.metadata.get("argument") or f.metadata.get("secret") or value is None or value == f.default:
+                continue
+            if f.metadata.get("not_in_unit"):
+                raise InvalidArgument(f.metadata["not_in_unit"])
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                out.append(flag if value else "--no-" + flag[2:])
+            else:
+                out += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+        return out
