@@ -166,19 +166,6 @@ def test_projection_follows_the_formula() -> None:
     assert draft_ms_per_token(6.0, cost, 3) == (6.0 - (14.0 - 10.0)) / 3 and draft_ms_per_token(1.0, cost, 3) == 0.0
 
 
-def test_slot_suggestion_is_capped_by_kv_memory_per_slot() -> None:
-    from pyllm_a100.serve.slots import kv_bytes_per_token, suggest
-
-    per_token = kv_bytes_per_token(context_bytes=2 << 30, ctx=16384)  # 2 GiB for 16k tokens: 128 KiB per token
-    roomy = suggest(per_token, 16384, 100 << 30, wanted=16)
-    assert roomy.slots == 16 and not roomy.limited_by_memory and roomy.ctx_size == 16 * 16384 and roomy.fits
-    tight = suggest(per_token, 16384, 9 << 30, wanted=16)  # 9 GiB holds four 2-GiB slots
-    assert tight.slots == 4 and tight.limited_by_memory and tight.kv_bytes == 4 * (2 << 30)
-    assert tight.serve_args() == ["--parallel", "4", "--ctx-size", str(4 * 16384)]
-    none = suggest(per_token, 16384, 1 << 30, wanted=16)
-    assert none.slots == 1 and not none.fits
-
-
 def test_sse_payloads_split_on_newlines_only() -> None:
     """A token that decodes to U+2028 or U+0085 sits unescaped in llama-server's JSON: it must not cut the line."""
     import httpx
@@ -189,20 +176,3 @@ def test_sse_payloads_split_on_newlines_only() -> None:
     payloads = [json.loads(d) for d in sse_data(httpx.Response(200, content=body))]
     assert payloads == [{"content": "a\u2028b\u0085c"}, {"stop": True}]
     assert len(list(httpx.Response(200, content=body).iter_lines())) > 4, "httpx's own line split would cut it"
-
-
-def test_default_parallel_constant_reaches_the_argv(tiny_deepseek4: Path, monkeypatch) -> None:
-    """server.DEFAULT_PARALLEL = N: pyllm serve without --parallel passes --parallel N --kv-unified; an explicit value wins."""
-    from pyllm_a100.serve import server
-
-    config = server.make_config(tiny_deepseek4, port=0)
-    if server.DEFAULT_PARALLEL is None:  # llama-server's own choice: no flag at all
-        assert "--parallel" not in config.to_argv("llama-server") and "--kv-unified" not in config.to_argv("llama-server")
-    monkeypatch.setattr(server, "DEFAULT_PARALLEL", 8)
-    argv = config.to_argv("llama-server")
-    assert argv[argv.index("--parallel") + 1] == "8" and "--kv-unified" in argv
-    explicit = server.make_config(tiny_deepseek4, port=0, parallel=2).to_argv("llama-server")
-    assert explicit[explicit.index("--parallel") + 1] == "2" and "--kv-unified" not in explicit and explicit.count("--parallel") == 1
-    from pyllm_a100.serve.slots import suggest
-
-    assert suggest(1024.0, 4096, 1 << 40).slots == 8, "the slot suggestion wants DEFAULT_PARALLEL"

@@ -46,7 +46,7 @@ def test_print_shows_the_unit_and_installs_nothing(tiny_deepseek4: Path, pyllm_h
     assert "s3cret-key" not in text, "the key goes to the EnvironmentFile, never into the unit"
     unit = _unit(text)
     assert _exec_start(unit) == [str(PYLLM), "serve", str(tiny_deepseek4), "--ctx-size", "4096", "--host", "0.0.0.0",
-                                 "--gpus", "0-3", "--metrics", "--name", "coder", "--", "--no-mmap"]
+                                 "--gpus", "0-3", "--name", "coder", "--", "--no-mmap"]  # --metrics: the default
     assert Path(_exec_start(unit)[0]).is_absolute()
     assert unit["Environment"] == [f"PYLLM_HOME={pyllm_home}", "CUDA_CACHE_MAXSIZE=4294967296", "PYLLM_SERVICE=pyllm-coder.service",
                                    "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=0,1,2,3"]

@@ -62,8 +62,12 @@ class Slots:
     def label(self) -> str:
         return "default" if self.parallel is None else f"{self.parallel}{'u' if self.unified else ''}"
 
-    def server_args(self) -> list[str]:
-        return ["--kv-unified"] if self.unified and self.parallel is not None else []
+    def server_args(self, ctx_size: int) -> list[str]:
+        """llama-server's own sizing flags for N and Nu (no plan: the benchmark wants exactly these); none for the
+        default, which is pyllm serve's planned pool at ``ctx_size``."""
+        if self.parallel is None:
+            return []
+        return ["--ctx-size", str(ctx_size), "--parallel", str(self.parallel)] + (["--kv-unified"] if self.unified else [])
 
 
 def parse_parallel(text: str) -> list[Slots]:
@@ -195,7 +199,7 @@ def server_ctx(slots: Slots, per_slot: int) -> int:
     """--ctx-size giving every slot ``per_slot`` tokens: with an explicit --parallel llama-server splits the
     context between the slots; a unified pool (also llama-server's own choice) is shared, so the same total."""
     from ..serve.server import DEFAULT_PARALLEL
-    from ..serve.slots import AUTO_SLOTS
+    from ..models.capacity import AUTO_SLOTS
 
     return per_slot * (slots.parallel or DEFAULT_PARALLEL or AUTO_SLOTS)
 
@@ -216,8 +220,10 @@ def serve_and_measure(model: Any, levels: Sequence[int], variants: Sequence[Slot
     ready_timeout = server_options.pop("ready_timeout", 3600)
     extra = list(server_options.pop("extra_args", ()))
     for slots in variants:
-        with Server(model, port=0, ctx_size=server_ctx(slots, per_slot), parallel=slots.parallel, ready_timeout=ready_timeout,
-                    extra_args=extra + slots.server_args(), **server_options) as srv:
+        total = server_ctx(slots, per_slot)
+        sizing = {"ctx_size": total} if slots.parallel is None else {}
+        with Server(model, port=0, ready_timeout=ready_timeout, extra_args=extra + slots.server_args(total), **sizing,
+                    **server_options) as srv:
             if on_server:
                 on_server(slots.label, list(srv.argv[1:]))
             rows += measure(srv.base_url, levels, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,

@@ -223,9 +223,12 @@ def ps_cmd(
     """Managed servers: name, status, endpoint, model, PIDs. Stale entries are cleaned; failed ones stay until stopped or pruned."""
     from ..serve import state
 
+    from ..serve.metrics import server_load
+
     entries, stale = state.list_servers(prune=prune)
+    loads = {e.name: server_load(e) for e in entries}
     if as_json:
-        print(json.dumps([dict(e.data, name=e.name) for e in entries], indent=2))
+        print(json.dumps([dict(e.data, name=e.name, load=loads[e.name]) for e in entries], indent=2))
         return
     for name in stale:
         err.print(f"removed {'entry' if prune else 'stale entry'} {name} (its process is gone)", markup=False)
@@ -239,15 +242,23 @@ def ps_cmd(
         d = e.data
         pid = "-" if e.failed else (d.get("server_pid") or "-")
         used = d.get("gpus") if isinstance(d.get("gpus"), list) else []
+        load = loads[e.name]
+        busy = f"{load.get('processing', 0)}/{load.get('waiting', 0)}" if load else "-"
         rows.append([e.name, str(d.get("kind", "server")), str(d.get("status", "?")), str(d.get("url", "")), str(pid),
-                     str(d.get("restarts", 0)), format_gpu_list(used) or "-", str(d.get("model", ""))])
-    header, *lines = aligned(["NAME", "KIND", "STATUS", "URL", "PID", "RESTARTS", "GPUS", "MODEL"], rows, right=frozenset({4, 5}))
+                     str(d.get("restarts", 0)), busy, format_gpu_list(used) or "-", str(d.get("model", ""))])
+    header, *lines = aligned(["NAME", "KIND", "STATUS", "URL", "PID", "RESTARTS", "RUN/WAIT", "GPUS", "MODEL"], rows,
+                             right=frozenset({4, 5, 6}))
     print(header)
     for e, text in zip(entries, lines):
         d = e.data
         print(text)
         if d.get("service"):
             print(f"  service: {d['service']} (pyllm service status {e.name})")
+        if isinstance(d.get("plan"), dict):
+            print(f"  plan: {d['plan'].get('summary')}")
+        if loads[e.name] and loads[e.name].get("kv_pool"):
+            load = loads[e.name]
+            print(f"  KV: {load.get('kv_reserved', 0):,} of {load['kv_pool']:,} tokens reserved, {load.get('waiting', 0)} request(s) waiting")
         if d.get("metrics"):
             key = "; send the API key" if d.get("api_key_file") else ""
             print(f"  metrics: {d['metrics']} (llama-server{key}) and pyllm metrics {e.name} (the supervisor)")

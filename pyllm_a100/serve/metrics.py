@@ -75,3 +75,33 @@ def exposition(entries: Iterable[ServerEntry]) -> str:
     for name, kind, text in _FAMILIES:
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", *samples[name]]
     return "\n".join(lines) + "\n"
+
+
+LOAD_SAMPLES = {"llamacpp:requests_processing": "processing", "llamacpp:requests_deferred": "waiting",
+                "llamacpp:kv_reserved_tokens": "kv_reserved", "llamacpp:kv_pool_tokens": "kv_pool"}
+
+
+def server_load(entry: ServerEntry, timeout: float = 2.0) -> dict[str, int] | None:
+    """What a ready server's llama-server says of its load now (its /metrics): requests processing and waiting for
+    a slot or KV space, KV tokens reserved of the pool. None when it has no /metrics or does not answer in time."""
+    import httpx
+
+    url, key_file = entry.data.get("metrics"), entry.data.get("api_key_file")
+    if not url or entry.data.get("status") != "ready":
+        return None
+    headers = {}
+    try:
+        if key_file:
+            headers["Authorization"] = "Bearer " + open(key_file).read().split()[0]
+        text = httpx.get(url, headers=headers, timeout=timeout).text
+    except (OSError, IndexError, httpx.HTTPError):
+        return None
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in LOAD_SAMPLES:
+            try:
+                out[LOAD_SAMPLES[name]] = int(float(value))
+            except ValueError:
+                continue
+    return out or None

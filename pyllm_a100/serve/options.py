@@ -15,7 +15,7 @@ from typing import Any
 from ..models.gguf_files import MODEL_FORMS
 
 MODEL_HELP = MODEL_FORMS[0].upper() + MODEL_FORMS[1:] + "."
-DEFAULT_QUEUE_TIMEOUT = 600.0  # seconds a request may wait for KV space before a 503 (vLLM waits without a bound)
+DEFAULT_QUEUE_TIMEOUT = 600  # seconds a request may wait for a slot and KV space before a 503 (llama-server's own: no bound)
 
 
 def option(default: Any, help: str, *, envvar: str | None = None, secret: bool = False,
@@ -37,7 +37,7 @@ class ServeOptions:
                                          "memory free after weights and compute buffers; pyllm doctor shows the plan).")
     parallel: int | None = option(None, "Request slots served at once (default: 16, fewer when memory is short); "
                                         "each slot holds up to the model's trained context.")
-    queue_timeout: float = option(DEFAULT_QUEUE_TIMEOUT, "Seconds a request may wait for room in the KV pool before it "
+    queue_timeout: int = option(DEFAULT_QUEUE_TIMEOUT, "Seconds a request may wait for room in the KV pool before it "
                                                          "gets HTTP 503 with Retry-After (0: wait as long as it takes).")
     host: str = option("127.0.0.1", "Address to bind; anything but loopback requires an API key.")
     port: int = option(8080, "Port to listen on (0: any free port).")
@@ -58,8 +58,8 @@ class ServeOptions:
     restart: int | None = option(None, "Restarts after a crash (default: 3 detached, 0 in the foreground).")
     gpus: str | None = option(None, "GPUs this server uses, numbered as nvidia-smi numbers them: 0-3, 4-7, 0,1 or 2 "
                                     "(default: every visible one).")
-    metrics: bool = option(False, "Turn on llama-server's Prometheus endpoint, /metrics (behind the API key); "
-                                  "pyllm metrics NAME has the supervisor's.")
+    metrics: bool = option(True, "llama-server's Prometheus endpoint, /metrics (behind the API key): tokens, requests "
+                                 "running and waiting, the KV pool; pyllm ps reads it, pyllm metrics NAME has the supervisor's.")
     # llama-server's own flags, given after `--` (not an option of its own)
     extra_args: list[str] = dataclasses.field(default_factory=list, metadata={"internal": True})
 
@@ -98,5 +98,5 @@ class ServeOptions:
             if isinstance(value, bool):
                 out.append(flag if value else "--no-" + flag[2:])
             else:
-                out += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+                out += [flag, str(value)]
         return out

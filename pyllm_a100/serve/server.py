@@ -31,6 +31,7 @@ from ..models.gguf_files import ModelFiles, resolve_model
 from ..build.native import binary, build_info
 from ..models.capacity import DEFAULT_SLOTS, Budget, Capacity
 from .net import bind_refusal, free_port, host_problem, is_loopback
+from .options import DEFAULT_QUEUE_TIMEOUT
 from .process import ManagedProcess
 from ..devices.splits import check_against_devices, parse_tensor_split, to_llama_arg
 
@@ -69,7 +70,7 @@ class ServerConfig:
     gpus: list[int] | None = None  # --gpus: nvidia-smi numbers; the child sees only these (child_env)
     metrics: bool = False  # llama-server's Prometheus endpoint, /metrics (behind the API key like every route)
     capacity: Capacity | None = None  # the planned pool and slots (None: sized after --, or not planned)
-    queue_timeout: float | None = None  # seconds a request may wait for KV room (llama-server --queue-timeout)
+    queue_timeout: int | None = None  # seconds a request may wait for a slot and KV room (--queue-timeout; patch 0035)
 
     @property
     def served_name(self) -> str:
@@ -139,7 +140,7 @@ class ServerConfig:
             elif DEFAULT_PARALLEL is not None and not {"-np", "--parallel"} & given:
                 argv += ["--parallel", str(DEFAULT_PARALLEL)] + ([] if SIZING_FLAGS & given else ["--kv-unified"])
         if self.queue_timeout is not None:
-            argv += ["--queue-timeout", f"{self.queue_timeout:g}"]
+            argv += ["--queue-timeout", str(self.queue_timeout)]
         if self.api_key_file is not None:
             argv += ["--api-key-file", str(self.api_key_file)]
         if self.rpc:
@@ -190,8 +191,8 @@ def make_config(
     extra_args: Sequence[str] = (),
     require_api_key: bool = True,
     gpus: str | Sequence[int] | None = None,
-    metrics: bool = False,
-    queue_timeout: float | None = None,
+    metrics: bool = True,
+    queue_timeout: int | None = DEFAULT_QUEUE_TIMEOUT,
 ) -> ServerConfig:
     """Validate every input before anything starts; raise one clear error per mistake.
 
