@@ -95,12 +95,13 @@ def test_bench_starts_one_server_per_parallel_value(tiny_deepseek4: Path) -> Non
     argv = report["servers"]
     from pyllm_a100.serve.server import DEFAULT_PARALLEL
 
-    default = argv["default"]
-    assert default[default.index("--parallel") + 1] == str(DEFAULT_PARALLEL) and "--kv-unified" in default
+    default = argv["default"]  # pyllm serve's plan: DeepSeek-V4's caches are per sequence, so no --kv-unified
+    assert default[default.index("--parallel") + 1] == str(DEFAULT_PARALLEL) and "--kv-unified" not in default
     two, unified = argv["2"], argv["2u"]
     assert two[two.index("--parallel") + 1] == "2" and "--kv-unified" not in two
     assert unified[unified.index("--parallel") + 1] == "2" and "--kv-unified" in unified
-    per_slot = int(default[default.index("--ctx-size") + 1]) // DEFAULT_PARALLEL
+    per_slot = int(default[default.index("--ctx-size") + 1]) // DEFAULT_PARALLEL  # the last --ctx-size wins: the plan's
+    assert default.count("--ctx-size") == 1
     assert per_slot >= 40 and int(two[two.index("--ctx-size") + 1]) == 2 * per_slot, "every slot gets the same context"
 
 

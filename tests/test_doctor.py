@@ -46,23 +46,20 @@ def test_model_load_logs_no_decoding_errors(tiny_models: dict[str, Path]) -> Non
     assert quiet.returncode == 0 and "llama_model_loader" not in quiet.stderr, quiet.stderr[-500:]
 
 
-def test_slot_finding_counts_full_context_slots_in_the_memory_left() -> None:
-    """The GPU branch's slot advice (no GPU here, so its inputs are given as llama-fit-params would print them):
-    two 80 GiB cards, 30 GiB of weights each and 1 GiB of KV per 16384-token slot leave room for 16 such slots."""
-    from pyllm_a100.doctor import _slots_finding
+def test_capacity_finding_is_the_plan_serve_makes_on_these_gpus(tiny_models) -> None:
+    """The GPU branch's slot advice (no GPU here, so two cards are given as NVML would list them): the same plan
+    pyllm serve prints, 16 slots each up to the trained context; GPUs already busy with other processes get less."""
+    from pyllm_a100.doctor import _capacity_finding
     from pyllm_a100.devices.gpus import GPU
-    from pyllm_a100.serve.server import DEFAULT_PARALLEL
+    from pyllm_a100.models.gguf_files import resolve_model
 
     gib = 2**30
+    files = resolve_model(tiny_models["tiny-glm-dsa"])
     gpus = [GPU(i, i, "NVIDIA A100-SXM4-80GB", f"GPU-{i}", "8.0", 80 * gib, 79 * gib, False) for i in range(2)]
-    per_device = {f"CUDA{i}": {"model": 30 * 1024, "context": 512, "compute": 600} for i in range(2)}
     report: dict = {}
-    finding = _slots_finding(report, per_device, gpus, context_mib=1024, ctx=16384)
-    assert finding.level == "ok" and f"runs {DEFAULT_PARALLEL} sharing one 16384-token KV pool" in finding.text
-    assert report["slots"]["slots"] == DEFAULT_PARALLEL and report["slots"]["ctx_size"] == DEFAULT_PARALLEL * 16384
-    tight = [GPU(i, i, "NVIDIA A100-SXM4-40GB", f"GPU-{i}", "8.0", 40 * gib, 36 * gib, False) for i in range(2)]
+    finding = _capacity_finding(report, files, gpus)
+    assert finding.level == "ok" and "16 slots, up to 4,096 tokens each (the trained context)" in finding.text
+    assert report["slots"]["slots"] == 16 and report["slots"]["pool"] == 16 * 4096 and report["slots"]["fits"]
+    full = [GPU(i, i, "NVIDIA A100-SXM4-80GB", f"GPU-{i}", "8.0", 80 * gib, 0, False) for i in range(2)]
     report = {}
-    finding = _slots_finding(report, per_device, tight, context_mib=1024, ctx=16384)
-    # 2 x 36 GiB free - 2 x 31.1 GiB placed - 2 GiB margin + 1 GiB pool already counted = 8.8 GiB: 8 slots of 1 GiB
-    assert report["slots"]["slots"] == 8 and report["slots"]["limited_by_memory"]
-    assert "add --parallel 8 --ctx-size 131072" in finding.text
+    assert _capacity_finding(report, files, full).level == "warn" and not report["slots"]["fits"]
