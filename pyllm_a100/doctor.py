@@ -183,7 +183,7 @@ def _capacity_finding(report: dict[str, Any], files: Any, gpus: list[GPU]) -> Fi
 
         budget = capacity.Budget.cpu(psutil.virtual_memory().available)
     plan = capacity.plan(local_shape(files), budget)
-    report["slots"] = plan.as_dict()
+    report["plan"] = plan.as_dict()
     if not plan.fits:
         return Finding("warn", f"no KV pool fits beside the weights ({budget.rule}): llama.cpp's --fit decides")
     return Finding("ok", f"pyllm serve's plan: {plan.summary()}")

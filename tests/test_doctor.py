@@ -59,7 +59,7 @@ def test_capacity_finding_is_the_plan_serve_makes_on_these_gpus(tiny_models) -> 
     report: dict = {}
     finding = _capacity_finding(report, files, gpus)
     assert finding.level == "ok" and "16 slots, up to 4,096 tokens each (the trained context)" in finding.text
-    assert report["slots"]["slots"] == 16 and report["slots"]["pool"] == 16 * 4096 and report["slots"]["fits"]
+    assert report["plan"]["slots"] == 16 and report["plan"]["pool"] == 16 * 4096 and report["plan"]["fits"]
     full = [GPU(i, i, "NVIDIA A100-SXM4-80GB", f"GPU-{i}", "8.0", 80 * gib, 0, False) for i in range(2)]
     report = {}
-    assert _capacity_finding(report, files, full).level == "warn" and not report["slots"]["fits"]
+    assert _capacity_finding(report, files, full).level == "warn" and not report["plan"]["fits"]

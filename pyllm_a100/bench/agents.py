@@ -150,3 +150,19 @@ def compare(model: Any, levels: Sequence[int], load: Load, *, baseline_args: Seq
         with Server(model, port=0, ready_timeout=3600, extra_args=extra, server_binary=binary, **server_options, **own) as srv:
             rows += measure(srv.base_url, levels, load, server=name, api_key=srv.api_key, on_level=on_level)
     return rows
+
+
+def ratios(rows: Sequence[AgentLevel]) -> list[str]:
+    """Per client count measured on both servers: pyllm serve's figures over the baseline's, side by side."""
+    first = rows[0].server if rows else ""
+    ours = {r.clients: r for r in rows if r.server == first}
+    out = []
+    for r in rows:
+        mine = ours.get(r.clients)
+        if r.server == first or mine is None:
+            continue
+        tps = f"{mine.aggregate_tps / r.aggregate_tps:.2f}x" if r.aggregate_tps else "- (baseline generated nothing)"
+        ttft = f"{mine.ttft_p50_s / r.ttft_p50_s:.2f}x" if r.ttft_p50_s else "-"
+        out.append(f"{r.clients} clients, {first} / {r.server}: tokens/s {tps}, TTFT p50 {ttft}, "
+                   f"completed {mine.requests} vs {r.requests}, failures {mine.failures} vs {r.failures}")
+    return out

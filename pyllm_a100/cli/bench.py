@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..bench.agents import BASELINE_ARGS
 from .common import MODEL_HELP, JsonFlag, print_table
 
 bench_app = typer.Typer(
@@ -134,8 +135,7 @@ def agents_cmd(
     tail_tokens: Annotated[int, typer.Option(help="Each request's own tokens after it.")] = 256,
     gen_tokens: GenTokens = 64,
     repeat: Annotated[int, typer.Option(help="Requests per client, one after the other.")] = 2,
-    baseline_args: Annotated[str, typer.Option(help="With MODEL: the baseline server's llama-server flags.")] = " ".join(
-        ("--parallel", "16", "--kv-unified", "--ctx-size", "16384")),
+    baseline_args: Annotated[str, typer.Option(help="With MODEL: the baseline server's llama-server flags.")] = " ".join(BASELINE_ARGS),
     baseline_binary: Annotated[Optional[str], typer.Option(help="With MODEL: the baseline's llama-server (e.g. a build of the pin); default: this package's.")] = None,
     tensor_split: TensorSplit = None,
     api_key: ApiKey = None,
@@ -165,6 +165,8 @@ def agents_cmd(
     for r in rows:
         if r.first_error:
             print(f"{r.server}, {r.clients} clients: first failure: {r.first_error}")
+    for line in agents.ratios(rows):
+        print(line)
 
 
 @bench_app.command("verify")

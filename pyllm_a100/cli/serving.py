@@ -245,9 +245,10 @@ def ps_cmd(
         load = loads[e.name]
         busy = f"{load.get('processing', 0)}/{load.get('waiting', 0)}" if load else "-"
         rows.append([e.name, str(d.get("kind", "server")), str(d.get("status", "?")), str(d.get("url", "")), str(pid),
-                     str(d.get("restarts", 0)), busy, format_gpu_list(used) or "-", str(d.get("model", ""))])
-    header, *lines = aligned(["NAME", "KIND", "STATUS", "URL", "PID", "RESTARTS", "RUN/WAIT", "GPUS", "MODEL"], rows,
-                             right=frozenset({4, 5, 6}))
+                     str(d.get("restarts", 0)), format_gpu_list(used) or "-", busy, str(d.get("model", ""))])
+    # RUN/WAIT comes after the older columns, so that scripts reading GPUS by position keep working
+    header, *lines = aligned(["NAME", "KIND", "STATUS", "URL", "PID", "RESTARTS", "GPUS", "RUN/WAIT", "MODEL"], rows,
+                             right=frozenset({4, 5, 7}))
     print(header)
     for e, text in zip(entries, lines):
         d = e.data

@@ -3,7 +3,8 @@
 Without ``--ctx-size``, the pool fills what the devices have left after weights, compute buffers and a
 headroom, and each slot may hold up to the model's trained context:
 
-- GPUs: every GPU keeps :data:`GPU_HEADROOM` of its memory free (vLLM's ``gpu_memory_utilization`` 0.9);
+- GPUs: every GPU keeps :data:`GPU_HEADROOM` of its memory free (vLLM's ``gpu_memory_utilization`` 0.9), at least
+  llama.cpp's 1 GiB ``--fit`` margin (a smaller GPU would see layers moved to the CPU);
   the rest, minus what other processes already use, is the budget for this server's weights, KV cache,
   compute buffers and CUDA overhead (memplan.per_device under the layer split);
 - CPU only: the KV cache takes at most :data:`CPU_KV_FRACTION` of the memory available, and at most
@@ -23,7 +24,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from .memplan import CACHE_PAD, GIB, Shape, kv_layer_bytes, per_device
+from .memplan import CACHE_PAD, FIT_MARGIN_MIB, GIB, Shape, kv_layer_bytes, per_device
 
 AUTO_SLOTS = 4  # llama-server's own choice without --parallel (tools/server/server.cpp: 4 slots, kv_unified)
 DEFAULT_SLOTS = 16  # request slots without --parallel (lab/notes/benchmarks.md: 16 streams, 1.22x llama-server's 4)
@@ -45,8 +46,12 @@ class Budget:
     @classmethod
     def gpus(cls, total: Sequence[int], used: Sequence[int] | None = None) -> Budget:
         used = list(used) if used is not None else [0] * len(total)
-        each = tuple(max(0, int(t * (1 - GPU_HEADROOM)) - u) for t, u in zip(total, used))
+        # and never less than llama.cpp's --fit margin, which would otherwise move layers off a small GPU
+        margin = FIT_MARGIN_MIB * 2**20
+        each = tuple(max(0, min(int(t * (1 - GPU_HEADROOM)), t - margin) - u) for t, u in zip(total, used))
+        small = any(t * GPU_HEADROOM < margin for t in total)
         return cls(each, True, f"{GPU_HEADROOM:.0%} of each GPU kept free" + (
+            f" (at least llama.cpp's {FIT_MARGIN_MIB} MiB --fit margin)" if small else "") + (
             "" if not any(used) else ", less what other processes use"))
 
     @classmethod
