@@ -13,16 +13,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from .concurrency import percentile
-from .throughput import BenchError, _vocab_size, check_ready, sse_data
+from .concurrency import percentile, wave
+from .throughput import BenchError, _vocab_size, check_ready, stream_completion
 
 log = logging.getLogger(__name__)
 
@@ -58,27 +56,6 @@ class AgentLevel:
         return dataclasses.asdict(self)
 
 
-def _request(client: httpx.Client, url: str, prompt: list[int], gen: int) -> tuple[float, dict]:
-    """One streamed completion with the prompt cache on: (seconds to the first token, llama-server's timings)."""
-    started = time.perf_counter()
-    first, timings = None, {}
-    body = {"prompt": prompt, "n_predict": gen, "ignore_eos": True, "cache_prompt": True, "temperature": 0, "stream": True}
-    with client.stream("POST", url + "/completion", json=body, timeout=None) as response:
-        if response.status_code != 200:
-            raise BenchError(f"HTTP {response.status_code}: {response.read()[:300].decode(errors='replace')}")
-        import json
-
-        for data in sse_data(response):
-            chunk = json.loads(data)
-            if first is None and chunk.get("content"):
-                first = time.perf_counter() - started
-            if chunk.get("stop"):
-                timings = chunk.get("timings") or {}
-    if not timings:
-        raise BenchError("the stream ended without llama-server's final chunk")
-    return (first if first is not None else time.perf_counter() - started), timings
-
-
 def measure(url: str, levels: Sequence[int], load: Load, *, server: str = "-", api_key: str | None = None, seed: int = 0,
             on_level: Callable[[AgentLevel], None] | None = None) -> list[AgentLevel]:
     """Each level of clients against one running server; failed requests are counted, not raised."""
@@ -93,38 +70,16 @@ def measure(url: str, levels: Sequence[int], load: Load, *, server: str = "-", a
         check_ready(client, url)
         n_vocab = _vocab_size(client, url)
         system = [rng.randrange(10, max(11, n_vocab - 1)) for _ in range(load.system_tokens)]
-        _request(client, url, system + [11] * 8, 4)  # warm-up, not counted: first-use costs stay out
+        stream_completion(client, url, system + [11] * 8, 4, cache_prompt=True)  # warm-up, not counted: first-use costs stay out
     out = []
     for n in levels:
         prompts = [[system + [rng.randrange(10, max(11, n_vocab - 1)) for _ in range(load.tail_tokens)]
                     for _ in range(load.requests_per_client)] for _ in range(n)]
-        done: list[tuple[float, dict]] = []
-        errors: list[str] = []
-        lock = threading.Lock()
-
-        def client_thread(mine: list[list[int]]) -> None:
-            with httpx.Client(headers=headers, limits=fresh) as own:
-                for p in mine:
-                    try:
-                        result = _request(own, url, p, load.gen_tokens)
-                    except Exception as exc:  # a failure of this level
-                        with lock:
-                            errors.append(f"{type(exc).__name__}: {exc}")
-                        continue
-                    with lock:
-                        done.append(result)
-
-        started = time.perf_counter()
-        threads = [threading.Thread(target=client_thread, args=(mine,), daemon=True) for mine in prompts]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - started
-        generated = sum(int(t.get("predicted_n", 0)) for _, t in done)
-        cached = sum(int(t.get("cache_n", 0)) for _, t in done)
-        processed = sum(int(t.get("prompt_n", 0)) for _, t in done)
-        ttfts = [s for s, _ in done]
+        done, errors, wall = wave(url, headers, fresh, prompts, load.gen_tokens, cache_prompt=True)
+        generated = sum(int(d.timings.get("predicted_n", 0)) for d in done)
+        cached = sum(int(d.timings.get("cache_n", 0)) for d in done)
+        processed = sum(int(d.timings.get("prompt_n", 0)) for d in done)
+        ttfts = [d.ttft_s for d in done]
         row = AgentLevel(server=server, clients=n, requests=len(done), failures=len(errors), wall_s=wall,
                          aggregate_tps=generated / wall if wall > 0 else 0.0, ttft_p50_s=percentile(ttfts, 50),
                          ttft_p99_s=percentile(ttfts, 99), prompt_reused=cached / (cached + processed) if cached + processed else 0.0,

@@ -112,8 +112,8 @@ class LevelResult:
         return dataclasses.asdict(self)
 
 
-def _wave(url: str, headers: dict, limits: httpx.Limits, prompts: list[list[list[int]]], gen_tokens: int
-          ) -> tuple[list[Streamed], list[str], float]:
+def wave(url: str, headers: dict, limits: httpx.Limits, prompts: list[list[list[int]]], gen_tokens: int, *,
+         cache_prompt: bool = False) -> tuple[list[Streamed], list[str], float]:
     """One client thread per entry of ``prompts``, each sending its prompts back to back: (done, errors, wall s)."""
     done: list[Streamed] = []
     errors: list[str] = []
@@ -123,7 +123,7 @@ def _wave(url: str, headers: dict, limits: httpx.Limits, prompts: list[list[list
         with httpx.Client(headers=headers, limits=limits) as own:
             for p in mine:
                 try:
-                    result = stream_completion(own, url, p, gen_tokens)
+                    result = stream_completion(own, url, p, gen_tokens, cache_prompt=cache_prompt)
                 except Exception as exc:  # counted as a failure of this wave
                     with lock:
                         errors.append(f"{type(exc).__name__}: {exc}")
@@ -170,12 +170,12 @@ def measure(url: str, levels: Sequence[int], *, prompt_tokens: int = 256, gen_to
     out = []
     # Warm-up at the highest level too, not counted: batched kernels are compiled on first use (PTX JIT
     # on GPUs newer than the build), which would otherwise land in whichever level needs them first.
-    _wave(url, headers, fresh, [[prompt()] for _ in range(max(levels))], min(gen_tokens, 8))
+    wave(url, headers, fresh, [[prompt()] for _ in range(max(levels))], min(gen_tokens, 8))
     for n in levels:
         prompts = [[prompt() for _ in range(requests_per_stream)] for _ in range(n)]
         if on_level_start:
             on_level_start(n)
-        done, errors, wall = _wave(url, headers, fresh, prompts, gen_tokens)
+        done, errors, wall = wave(url, headers, fresh, prompts, gen_tokens)
         generated = sum(int(d.timings.get("predicted_n", 0)) for d in done)
         ttfts = [d.ttft_s for d in done]
         row = LevelResult(

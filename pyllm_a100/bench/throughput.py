@@ -78,12 +78,12 @@ class Streamed:
     ttft_s: float  # seconds to the first streamed content
 
 
-def stream_completion(client: httpx.Client, url: str, prompt: list[int], gen: int) -> Streamed:
-    """One streamed completion of ``gen`` tokens (EOS ignored, no prompt cache) -- every bench request."""
+def stream_completion(client: httpx.Client, url: str, prompt: list[int], gen: int, *, cache_prompt: bool = False) -> Streamed:
+    """One streamed completion of ``gen`` tokens (EOS ignored; the prompt cache off unless ``cache_prompt``) -- every bench request."""
     started = time.perf_counter()
     first = None
     timings: dict = {}
-    body = {"prompt": prompt, "n_predict": gen, "ignore_eos": True, "cache_prompt": False, "temperature": 0, "stream": True}
+    body = {"prompt": prompt, "n_predict": gen, "ignore_eos": True, "cache_prompt": cache_prompt, "temperature": 0, "stream": True}
     with client.stream("POST", url + "/completion", json=body, timeout=None) as response:
         if response.status_code != 200:
             raise BenchError(f"{url}/completion answered HTTP {response.status_code}: {response.read()[:200]!r}")
