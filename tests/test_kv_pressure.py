@@ -65,7 +65,7 @@ def test_six_long_requests_and_a_full_context_one_all_complete_on_the_defaults(s
         results = [f.result() for f in six]
         whole = long.result()
     assert all(r["prompt_tokens"] > 1800 and r["text"] for r in results), [r["prompt_tokens"] for r in results]
-    assert 7600 < whole["prompt_tokens"] <= 8192 - 16 and whole["text"], whole
+    assert 7600 < whole["prompt_tokens"] <= 8192 - 16 and whole["finish"] in ("stop", "length"), whole
 
 
 @pytest.mark.parametrize("preset", ["smollm2", "tiny-glm-dsa"])
@@ -101,7 +101,7 @@ def test_deepseek4_slots_each_hold_their_own_context_and_extra_clients_wait(tiny
     srv = servers.start(tiny_deepseek4, ctx_size=4096, parallel=4)
     assert srv.config.capacity is not None and not srv.config.capacity.shared and srv.config.capacity.per_slot == 1024
     with ThreadPoolExecutor(max_workers=12) as pool:
-        results = list(pool.map(lambda i: chat(srv.base_url, prose(300, i), 64), range(12)))
+        results = list(pool.map(lambda i: chat(srv.base_url, prose(130, i), 64), range(12)))
     assert all(r["finish"] in ("stop", "length") for r in results)
 
 
@@ -112,7 +112,7 @@ def test_a_request_that_can_never_fit_is_a_400_naming_both_numbers(smollm2: Path
     with pytest.raises(BadRequestError) as caught:
         chat(srv.base_url, prose(3000, 7), 6000)
     message = str(caught.value)
-    assert "6000" in message and "8192" in message, message
+    assert "6,000 completion" in message and "at most 8,192 tokens" in message, message
 
 
 def _hold(base_url: str, text: str, max_tokens: int) -> threading.Thread:
@@ -151,7 +151,8 @@ def test_clients_that_disconnect_free_their_place_at_once(smollm2: Path, servers
             "ignore_eos": True}
     with httpx.Client(timeout=None) as streaming:
         with streaming.stream("POST", srv.base_url + "/v1/chat/completions", json=body) as holder:
-            next(holder.iter_lines())  # it streams: it holds ~2,000 of the pool's 2,048 tokens
+            lines = holder.iter_lines()  # kept: a discarded line iterator closes the connection (httpcore)
+            assert holder.status_code == 200 and next(lines).startswith("data: ")  # it streams: ~2,000 of the pool's 2,048 tokens
             waiter = httpx.Client(timeout=1.5)
             with pytest.raises(httpx.ReadTimeout):  # waits for room, then gives up
                 waiter.post(srv.base_url + "/v1/chat/completions", json={
