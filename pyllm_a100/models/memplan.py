@@ -210,7 +210,11 @@ def compute_bytes(shape: Shape, ctx: int, slots: int, *, n_ubatch: int = N_UBATC
     layer = 4 * n_ubatch * widest
     if shape.arch in ("glm-dsa", "deepseek32"):
         top_k = int(shape.get("attention.indexer.top_k") or n_seq)
-        layer += 4 * n_ubatch * idx + 8 * n_seq * n_ubatch + 8 * min(n_seq, top_k) * n_ubatch
+        small = layer + 4 * n_ubatch * idx + 8 * n_seq * n_ubatch + 8 * min(n_seq, top_k) * n_ubatch
+        # past ~12k cells per stream the indexer's own [n_kv, n_ubatch] tensors (scores, their sort, the mask) are
+        # the peak, 24 bytes a cell (CPU reserve of tiny-glm-dsa, one stream of 2,048..65,536 cells: 55.8, 71.8,
+        # 103.8, 215.8, 407.8, 791.8 MiB; lab/notes/memory-plan-dsa.md)
+        layer = max(small, 4 * n_ubatch * idx + 24 * n_seq * n_ubatch)
     elif shape.arch == "deepseek4":
         top_k = int(shape.get("attention.indexer.top_k") or 0)
         n_kv = int(shape.get("attention.sliding_window") or 0) + n_ubatch + min(-(-n_seq // DSV4_CSA), top_k)
