@@ -105,6 +105,28 @@ def test_bench_starts_one_server_per_parallel_value(tiny_deepseek4: Path) -> Non
     assert per_slot >= 40 and int(two[two.index("--ctx-size") + 1]) == 2 * per_slot, "every slot gets the same context"
 
 
+def test_agents_compares_serve_defaults_with_a_baseline_and_reuses_the_shared_prefix(tiny_models: dict[str, Path]) -> None:
+    """pyllm bench agents MODEL: serve's defaults, then a baseline, same load; the shared system prompt comes
+    from the prompt cache after its first use; every request of serve's side completes."""
+    from pyllm_a100.bench.agents import AgentLevel, ratios
+
+    result = run_pyllm("bench", "agents", str(tiny_models["tiny-llama"]), "--concurrency", "2,4", "--system-tokens", "256",
+                       "--tail-tokens", "32", "--gen-tokens", "8", "--repeat", "2",
+                       "--baseline-args=--parallel 2 --ctx-size 2048", "--json", timeout=900)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["load"] == {"system_tokens": 256, "tail_tokens": 32, "gen_tokens": 8, "requests_per_client": 2}
+    rows = [AgentLevel(**r) for r in report["levels"]]
+    assert [(r.server, r.clients) for r in rows] == [("pyllm serve", 2), ("pyllm serve", 4),
+                                                     ("llama.cpp --parallel 2 --ctx-size 2048", 2),
+                                                     ("llama.cpp --parallel 2 --ctx-size 2048", 4)]
+    ours = rows[:2]
+    assert all(r.failures == 0 and r.requests == 2 * r.clients and r.aggregate_tps > 0 for r in ours), ours
+    assert all(0.3 < r.prompt_reused < 1 for r in ours), [r.prompt_reused for r in ours]  # 256 of 288 tokens shared
+    lines = ratios(rows)
+    assert len(lines) == 2 and lines[0].startswith("2 clients, pyllm serve / llama.cpp --parallel 2 --ctx-size 2048: tokens/s ")
+
+
 def test_verify_cost_gives_one_row_per_k(tiny_deepseek4: Path) -> None:
     result = run_pyllm("bench", str(tiny_deepseek4), "--verify-cost", "1-4", "--depth", "64", "--json")
     assert result.returncode == 0, result.stderr
