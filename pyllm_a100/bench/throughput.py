@@ -89,6 +89,8 @@ def stream_completion(client: httpx.Client, url: str, prompt: list[int], gen: in
             raise BenchError(f"{url}/completion answered HTTP {response.status_code}: {response.read()[:200]!r}")
         for data in sse_data(response):
             chunk = json.loads(data)
+            if isinstance(chunk.get("error"), dict):  # llama-server fails a started stream with an error chunk
+                raise BenchError(f"llama-server: {chunk['error'].get('message', chunk['error'])}")
             if first is None and (chunk.get("content") or not chunk.get("stop")):
                 first = time.perf_counter() - started
             if chunk.get("stop"):
