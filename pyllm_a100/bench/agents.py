@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from .concurrency import percentile, wave
-from .throughput import BenchError, _vocab_size, check_ready, stream_completion
+from .concurrency import percentile, reach, wave
+from .throughput import BenchError, stream_completion
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +62,10 @@ def measure(url: str, levels: Sequence[int], load: Load, *, server: str = "-", a
     load.check()
     if not levels or min(levels) < 1:
         raise BenchError("--concurrency: give at least one level, each at least 1")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    url = url.rstrip("/").removesuffix("/v1")
-    fresh = httpx.Limits(max_keepalive_connections=0)  # llama-server closes a connection after a stream
+    url, headers, fresh, n_vocab = reach(url, api_key)
     rng = random.Random(seed)
+    system = [rng.randrange(10, max(11, n_vocab - 1)) for _ in range(load.system_tokens)]
     with httpx.Client(headers=headers, limits=fresh) as client:
-        check_ready(client, url)
-        n_vocab = _vocab_size(client, url)
-        system = [rng.randrange(10, max(11, n_vocab - 1)) for _ in range(load.system_tokens)]
         stream_completion(client, url, system + [11] * 8, 4, cache_prompt=True)  # warm-up, not counted: first-use costs stay out
     out = []
     for n in levels:

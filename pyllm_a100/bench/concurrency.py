@@ -112,6 +112,16 @@ class LevelResult:
         return dataclasses.asdict(self)
 
 
+def reach(url: str, api_key: str | None) -> tuple[str, dict, httpx.Limits, int]:
+    """A ready llama-server at ``url``: (its base URL, request headers, connection limits, vocabulary size)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = url.rstrip("/").removesuffix("/v1")
+    fresh = httpx.Limits(max_keepalive_connections=0)  # llama-server closes a connection after a stream
+    with httpx.Client(headers=headers, limits=fresh) as client:
+        check_ready(client, url)
+        return url, headers, fresh, _vocab_size(client, url)
+
+
 def wave(url: str, headers: dict, limits: httpx.Limits, prompts: list[list[list[int]]], gen_tokens: int, *,
          cache_prompt: bool = False) -> tuple[list[Streamed], list[str], float]:
     """One client thread per entry of ``prompts``, each sending its prompts back to back: (done, errors, wall s)."""
@@ -155,17 +165,13 @@ def measure(url: str, levels: Sequence[int], *, prompt_tokens: int = 256, gen_to
         raise BenchError("--prompt-tokens, --gen-tokens and --repeat must be at least 1")
     if not levels or any(n < 1 for n in levels):
         raise BenchError("--concurrency: give at least one level, each at least 1")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    url = url.rstrip("/").removesuffix("/v1")
-    fresh = httpx.Limits(max_keepalive_connections=0)  # llama-server closes a connection after a stream
+    url, headers, fresh, n_vocab = reach(url, api_key)
     rng = random.Random(seed)
+
+    def prompt() -> list[int]:
+        return [rng.randrange(10, max(11, n_vocab - 1)) for _ in range(prompt_tokens)]
+
     with httpx.Client(headers=headers, limits=fresh) as client:
-        check_ready(client, url)
-        n_vocab = _vocab_size(client, url)
-
-        def prompt() -> list[int]:
-            return [rng.randrange(10, max(11, n_vocab - 1)) for _ in range(prompt_tokens)]
-
         stream_completion(client, url, prompt(), min(gen_tokens, 8))  # first-use costs (JIT, allocations) stay out
     out = []
     # Warm-up at the highest level too, not counted: batched kernels are compiled on first use (PTX JIT
