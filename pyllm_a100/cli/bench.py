@@ -15,7 +15,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..bench.agents import BASELINE_ARGS
 from .common import MODEL_HELP, JsonFlag, print_table
 
 bench_app = typer.Typer(
@@ -135,7 +134,7 @@ def agents_cmd(
     tail_tokens: Annotated[int, typer.Option(help="Each request's own tokens after it.")] = 256,
     gen_tokens: GenTokens = 64,
     repeat: Annotated[int, typer.Option(help="Requests per client, one after the other.")] = 2,
-    baseline_args: Annotated[str, typer.Option(help="With MODEL: the baseline server's llama-server flags.")] = " ".join(BASELINE_ARGS),
+    baseline_args: Annotated[Optional[str], typer.Option(help="With MODEL: the baseline server's llama-server flags (default: llama.cpp's team setting, 16 slots sharing a 16,384-token pool).")] = None,
     baseline_binary: Annotated[Optional[str], typer.Option(help="With MODEL: the baseline's llama-server (e.g. a build of the pin); default: this package's.")] = None,
     tensor_split: TensorSplit = None,
     api_key: ApiKey = None,
@@ -152,7 +151,7 @@ def agents_cmd(
     if url is not None:
         rows = agents.measure(url, levels, load, server=url, api_key=api_key)
     else:
-        rows = agents.compare(model, levels, load, baseline_args=shlex.split(baseline_args), baseline_binary=baseline_binary,
+        rows = agents.compare(model, levels, load, baseline_args=agents.BASELINE_ARGS if baseline_args is None else shlex.split(baseline_args), baseline_binary=baseline_binary,
                               tensor_split=tensor_split)
     if as_json:
         print(json.dumps({"load": dataclasses.asdict(load), "levels": [r.as_row() for r in rows]}, indent=2))
