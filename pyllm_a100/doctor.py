@@ -323,8 +323,7 @@ def _capacity_row(shape: Any, target: str, spec: Any, budget: Any, slots: int) -
     from .models.memplan import plan_row
 
     plan = capacity.plan(shape, budget, slots=None if slots == DEFAULT_PARALLEL else slots)
-    shared = plan.shared
-    row = plan_row(shape, target, spec, plan.pool if shared else plan.per_slot, 1 if shared else plan.slots)
+    row = plan_row(shape, target, spec, *plan.streams)
     row.fits = plan.fits
     split = f" --tensor-split 1x{spec.count}" if spec.count > 1 else ""
     row.serve = (f"pyllm serve {target}{split}" + ("" if slots == DEFAULT_PARALLEL else f" --parallel {slots}")

@@ -29,6 +29,7 @@ def render(data: dict[str, Any] | None) -> str:
         "| clients | completed (pyllm / baseline) | failed | aggregate tokens/s | TTFT p50 s | TTFT p99 s | prompt reused |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+
     def t(row: dict, key: str) -> str:  # a level where nothing completed has no times
         return f"{row[key]:.2f}" if row["requests"] else "-"
 

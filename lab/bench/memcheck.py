@@ -54,11 +54,9 @@ def measure(model: str | os.PathLike[str], ctx: int, parallel: int, *, tensor_sp
                            json={"prompt": "Hello", "n_predict": n_predict, "temperature": 0, "ignore_eos": True}).json()
         after = _used_mib() if gpu else []
         text = srv.log_text()
-        shared = srv.config.capacity is not None and srv.config.capacity.shared
+        # the cache serve built: most models share one pool (--kv-unified), one stream the attention sees whole
+        est_ctx, est_slots = srv.config.capacity.streams if srv.config.capacity else (ctx, parallel)
     used = [a - i for a, i in zip(after, idle)][:n_gpus] if gpu else None
-    # serve runs most models on one pool the slots share (--kv-unified): the attention sees all of it, so the
-    # compute buffer is estimated for one stream of ctx x parallel cells (the KV bytes are the same either way)
-    est_ctx, est_slots = (ctx * parallel, 1) if shared else (ctx, parallel)
     result = estimate_vs_measured(shape, text, est_ctx, est_slots, n_gpus, used_mib=used)
     result.update(model=str(files.first), bytes=files.total_bytes, tensor_split=tensor_split, ready_seconds=round(ready, 1),
                   tokens=reply.get("tokens_predicted"), memory_idle_mib=idle, memory_loaded_mib=loaded,

@@ -77,6 +77,11 @@ class Capacity:
     budget: Budget
     devices: int  # GPUs the plan spreads over (0: CPU)
 
+    @property
+    def streams(self) -> tuple[int, int]:
+        """(cells per stream, streams): the memory plan's ``ctx, slots`` for the cache llama-server builds."""
+        return (self.pool, 1) if self.shared else (self.per_slot, self.slots)
+
     def argv(self) -> list[str]:
         """llama-server's flags for this plan."""
         if not self.shared:
@@ -106,10 +111,14 @@ def _pad(n: int) -> int:
     return (n + CACHE_PAD - 1) // CACHE_PAD * CACHE_PAD
 
 
-def _kv_and_fit(shape: Shape, budget: Budget, pool: int, slots: int, split: list[float] | None) -> tuple[int, bool]:
+def _streams(shape: Shape, pool: int, slots: int) -> tuple[int, int]:
     # a shared pool is one stream of ``pool`` cells, which the attention sees whole (the compute buffer's masks grow
     # with it); per-sequence caches are ``slots`` streams of pool/slots cells
-    per, streams = (pool, 1) if shape.arch not in PER_SEQUENCE_CACHES else (max(1, pool // slots), slots)
+    return (pool, 1) if shape.arch not in PER_SEQUENCE_CACHES else (max(1, pool // slots), slots)
+
+
+def _kv_and_fit(shape: Shape, budget: Budget, pool: int, slots: int, split: list[float] | None) -> tuple[int, bool]:
+    per, streams = _streams(shape, pool, slots)
     kv = sum(kv_layer_bytes(shape, per, streams))
     if not budget.gpu:
         return kv, kv <= budget.per_device[0]
