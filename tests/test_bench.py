@@ -170,6 +170,13 @@ def test_bad_bench_input_is_one_line(tiny_deepseek4: Path, args: list[str], says
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize("binary", ["/nonexistent/llama-server", ".", ""])
+def test_agents_baseline_binary_is_checked_before_anything_runs(tiny_deepseek4: Path, binary: str) -> None:
+    result = run_pyllm("bench", "agents", str(tiny_deepseek4), "--baseline-binary", binary, "--concurrency", "1")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and result.stdout == "", result.stderr
+    assert f"llama-server binary {binary!r} is not an executable file" in result.stderr
+
+
 def test_url_cannot_take_server_side_options() -> None:
     for args, says in ((["--verify-cost", "1-4"], "give a MODEL"), (["--parallel", "4", "--concurrency", "1,2"], "--parallel")):
         result = run_pyllm("bench", "--url", "http://127.0.0.1:9", *args)

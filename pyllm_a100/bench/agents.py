@@ -91,8 +91,10 @@ def compare(model: Any, levels: Sequence[int], load: Load, *, baseline_args: Seq
             baseline_binary: str | Path | None = None, on_level: Callable[[AgentLevel], None] | None = None,
             **server_options: Any) -> list[AgentLevel]:
     """pyllm serve's defaults, then the baseline (its own llama-server flags, optionally another binary), same model."""
-    from ..serve.server import Server
+    from ..serve.server import Server, check_server_binary
 
+    if baseline_binary is not None:
+        check_server_binary(baseline_binary)  # before pyllm serve's run, not after it
     rows: list[AgentLevel] = []
     label = "llama.cpp " + " ".join(baseline_args) + (f" ({Path(baseline_binary).name})" if baseline_binary else "")
     runs = (("pyllm serve", [], None, {}),  # the baseline may be a build without --queue-timeout (the pin)

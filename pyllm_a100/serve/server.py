@@ -327,6 +327,15 @@ def plan_capacity(files: ModelFiles, *, ctx_size: int | None, parallel: int | No
                             f"({budget.rule}): use fewer --parallel, more GPUs (--tensor-split) or a smaller quantization")
 
 
+def check_server_binary(path: str | os.PathLike[str]) -> Path:
+    """Another llama-server to run (a benchmark's baseline): an executable file."""
+    found = Path(path).expanduser()
+    if not found.is_file() or not os.access(found, os.X_OK):
+        raise ServerConfigError(f"llama-server binary {os.fspath(path)!r} is not an executable file: give the path of a built "
+                                "llama-server (e.g. build/bin/llama-server)")
+    return found
+
+
 def check_api_key(key: str) -> str:
     """A key llama-server will really enforce: not empty, no spaces or line breaks, not a '#' comment."""
     if not key.strip():
@@ -460,7 +469,8 @@ class Server(ManagedProcess):
             env = config.child_env(env)  # --gpus: CUDA_VISIBLE_DEVICES for the child only
         self.on_progress = on_progress
         self._loaded = 0
-        super().__init__(config.to_argv(server_binary or binary("llama-server")), log_path=log_path, ready_timeout=ready_timeout,
+        executable = check_server_binary(server_binary) if server_binary is not None else binary("llama-server")
+        super().__init__(config.to_argv(executable), log_path=log_path, ready_timeout=ready_timeout,
                          restart=restart, on_event=on_event, env=env)
 
     @staticmethod
