@@ -235,3 +235,35 @@ def test_kld_gap_table_puts_each_dispatch_in_its_own_column() -> None:
     assert kld_gap.parse_builds(["cublas=/x/bin@a100"]) == [("cublas", Path("/x/bin"), "a100")]
     with pytest.raises(Exception, match="LABEL=DIR"):
         kld_gap.parse_builds(["/x/bin"])
+
+
+def test_gpu_build_extend_rebuilds_a_finished_build_with_one_more_patch(tmp_path: Path) -> None:
+    """--extend: a real CMake build, then one more patch on its tree: the new program, the old one untouched."""
+    tree = tmp_path / "src" / "llama.cpp"
+    (tree / "ggml").mkdir(parents=True)
+    (tree / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.16)\nproject(x C)\n"
+                                         "set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
+                                         "add_executable(hello hello.c)\n")
+    (tree / "hello.c").write_text('#include <stdio.h>\nint main(void) { puts("one"); return 0; }\n')
+    patches = tmp_path / "p"
+    patches.mkdir()
+    (patches / "0001-two.patch").write_text(
+        "--- a/hello.c\n+++ b/hello.c\n@@ -1,2 +1,2 @@\n #include <stdio.h>\n"
+        '-int main(void) { puts("one"); return 0; }\n+int main(void) { puts("two"); return 0; }\n')
+    env = dict(fakes.env_without_preload(), GPU_DECODE_PATCHES=str(patches))
+    work = tmp_path / "w"
+    common = ["--src", str(tmp_path / "src"), "--work", str(work), "--targets", "hello", "--jobs", "2"]
+    missing = script("gpu-build", "second", *common, "--extend", "first", "--patches", "all", env=env)
+    assert missing.returncode == 1
+    assert "no finished build" in json.loads((work / "results" / "build-second.json").read_text())["error"]
+    (patches / "0000-none.patch").write_text("")
+    first = script("gpu-build", "first", *common, "--patches", str(patches / "0000-none.patch"), env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = script("gpu-build", "second", *common, "--extend", "first", "--patches", str(patches / "0001-two.patch"), env=env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    run = lambda label: subprocess.run([str(work / f"{label}-bin" / "hello")], capture_output=True, text=True).stdout
+    assert (run("first"), run("second")) == ("one\n", "two\n")
+    res = json.loads((work / "results" / "build-second.json").read_text())
+    assert res["extends"] == "first" and res["patches"] == ["0000-none.patch", "0001-two.patch"]
+    refused = script("gpu-build", "third", *common, "--extend", "first", "--sass90", env=env)
+    assert refused.returncode == 2 and "leave out -D and --sass90" in refused.stderr

@@ -176,3 +176,30 @@ def test_stages_over_stand_ins_mix_dispatches_in_one_run(tmp_path: Path) -> None
     assert any("pin-bin/llama-bench" in c and "-d 512" in c for c in programs["pin@a100"])
     assert "gpu-multitoken" in data["commands"]["stages"]["verify"] and "draft" not in data["commands"]["stages"]
     assert "| a100 | patched |" in result.stdout  # the report stage prints the rendered section
+
+
+def test_gpu_ab_table_compares_two_builds_per_dispatch(tmp_path: Path) -> None:
+    """gpu-ab-table over stage files in gpu-multitoken's format: B/A per k and per N, each dispatch apart."""
+    mt_dir = tmp_path / "mt"
+    mt_dir.mkdir()
+    runs = [{"model": "v4-43l", "column": col, "order": i, "k_ms": {"1": base, "8": base * 2.5}}
+            for i, (col, base) in enumerate([("prev", 10.0), ("patched", 10.0), ("prev@a100", 11.0), ("patched@a100", 11.0)])]
+    runs.append({"model": "v4-43l", "column": "patched", "order": 4, "k_ms": {"1": 10.0, "8": 22.0}})
+    (mt_dir / "verify.json").write_text(json.dumps({"depth": 512, "runs": runs}))
+    (mt_dir / "batched.json").write_text(json.dumps({"npp": 64, "ntg": 16, "runs": [
+        {"column": "prev", "order": 0, "tps": {"16": 400.0}}, {"column": "patched", "order": 1, "tps": {"16": 440.0}},
+        {"column": "prev@a100", "order": 2, "error": "boom"}]}))
+    out = tmp_path / "ab.json"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu-ab-table"
+    p = subprocess.run([sys.executable, str(script), str(mt_dir), "--a", "prev", "--b", "patched", "--out", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(out.read_text())
+    native = res["by_dispatch"]["native"]
+    k8 = next(r for r in native["verify"] if r["k"] == 8)
+    assert (k8["a_ms"], k8["b_ms"], k8["b_over_a"]) == (25.0, 23.5, 0.94)  # B: the mean of its two passes
+    assert native["batched"] == [{"sequences": 16, "a_tps": 400.0, "b_tps": 440.0, "b_over_a": 1.1}]
+    assert res["by_dispatch"]["a100"]["batched"] == []  # the failed A run leaves no pair
+    assert "B/A 0.940" in p.stdout
+    none = subprocess.run([sys.executable, str(script), str(mt_dir), "--a", "x", "--b", "y"], capture_output=True, text=True, timeout=60)
+    assert none.returncode == 1 and "no run of both x and y" in none.stderr and not (tmp_path / "x").exists()

@@ -49,18 +49,23 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
         if job[1] == "after":
             assert set(job[3].split(",")) <= set(seen), f"{name} waits for {job[3]}, queued: {seen}"
         seen.append(name)
-    assert seen == ["bpatched", "models", "bpin", "soak", "memcheck", "mt", "ops", "tokens", "racecheck", "kld", "report"]
+    assert seen == ["bprev", "models", "bpatched", "mt", "ops", "tokens", "soak", "kld", "report"]
     mt = next(j for j in jobs if j[2] == "mt")
-    assert mt[3] == "bpin,memcheck", "the timing job runs alone: after the pin build and the checks beside it"
+    assert mt[3] == "bpatched,models", "the timing job runs alone: after both builds and the models"
     after_mt = {j[2] for j in jobs if j[1] == "after" and "mt" in j[3].split(",")}
-    assert after_mt == {"ops", "tokens", "racecheck", "kld"}
+    assert after_mt == {"ops", "tokens", "soak", "kld"}
+    bprev, bpatched = jobs[0], jobs[2]
+    newest = sorted((REPO / "vendor" / "patches").glob("*.patch"))[-1]
+    assert f"vendor/patches/{newest.name}" not in bprev and bpatched[-2:] == ["--patches", f"vendor/patches/{newest.name}"]
+    assert len([w for w in bprev if w.startswith("vendor/patches/")]) == len(list((REPO / "vendor" / "patches").glob("*.patch"))) - 1
 
 
 def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> None:
     work = tmp_path / "w"
     env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
     calls = [c for job in queued(work) for c in python_commands(job)]
-    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-decode", "gpu-multitoken", "gpu-a100-check", "gpu-kld"}
+    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-decode", "gpu-multitoken", "gpu-a100-check", "gpu-kld",
+                                                "gpu-token-check", "gpu-ab-table"}
     for call in calls:
         name, args = Path(call[0]).name, call[1:]
         if name == "gpu-build":
@@ -71,10 +76,15 @@ def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> N
                 args = args[:-1]
             args = [*args, "report"]
             want = None  # any code but argparse's 2 (the report of nothing may say it failed)
+        elif name in ("gpu-ab-table", "gpu-token-check"):  # past parsing: no stage files in the (missing) folder
+            want = 2
         else:  # gpu-kld: past parsing it finds no binaries in the (empty) work folder
             want = 2
         result = subprocess.run([sys.executable, str(REPO / call[0]), *args], capture_output=True, text=True, env=env,
                                 timeout=300, cwd=REPO)
+        if name in ("gpu-ab-table", "gpu-token-check"):  # their only refusal here: the missing folder, options parsed
+            assert result.returncode == 2 and any(w in result.stderr for w in ("no such folder", "no build", "holds none of")), result.stderr
+            continue
         assert "usage:" not in result.stderr and "Traceback" not in result.stderr, (call, result.stderr[-2000:])
         if want is not None:
             assert result.returncode == want, (call, result.stdout[-1000:], result.stderr[-1000:])
@@ -85,7 +95,7 @@ def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> N
 def test_prepare_carry_documents_itself_and_refuses_unknown_arguments() -> None:
     script = REPO / "lab" / "scripts" / "prepare-carry"
     ok = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60)
-    assert ok.returncode == 0 and "gguf 0.19.0" in ok.stdout and ".m1/ .m2/ .m3/" in ok.stdout
+    assert ok.returncode == 0 and "gguf 0.19.0" in ok.stdout and ".m1/ .m2/ " in ok.stdout
     bad = subprocess.run(["bash", str(script), "--nope"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown argument" in bad.stderr
     assert subprocess.run(["bash", "-n", str(SESSION)], timeout=60).returncode == 0
