@@ -343,3 +343,64 @@ def test_a_folder_with_a_model_and_its_sidecar_serves_the_model(draft_models: di
     (only_draft / "dspark-model.gguf").symlink_to(draft_models["tiny-deepseek4-dspark"])
     result = run_pyllm("serve", str(only_draft), "--port", "0", timeout=60)
     assert result.returncode == EX_CONFIG and "is a speculative-decoding draft" in result.stderr, result.stderr
+
+
+def test_bench_speculate_measures_the_draft_and_picks_the_best_length(tiny_models: dict[str, Path],
+                                                                      draft_models: dict[str, Path]) -> None:
+    """issue 42 item 3: the DSpark pair end to end -- verify costs, the draft's own cost per step, the greedy tokens
+    unchanged, and per acceptance the draft length whose projected tokens/s is the highest (0: no draft)."""
+    from pyllm_a100.bench.speculate import acceptance_for
+    from pyllm_a100.bench.speculative import expected_tokens
+
+    result = run_pyllm("bench", "speculate", str(tiny_models["tiny-deepseek4"]), "--draft",
+                       str(draft_models["tiny-deepseek4-dspark"]), "--draft-max", "3", "--depth", "32",
+                       "--prompt-tokens", "16", "--gen-tokens", "24", "--repeat", "2", "--acceptance", "0.9", "--json")
+    assert result.returncode == 0, result.stderr
+    spec = json.loads(result.stdout)
+    assert spec["spec_type"] == "draft-dspark" and spec["per_step"] and spec["draft_ms"] >= 0
+    assert [r["k"] for r in spec["verify"]["rows"]] == [1, 2, 3, 4]
+    assert spec["run"]["same_tokens"] and spec["run"]["drafted"] > 0
+    sources = [c["source"] for c in spec["choices"]]
+    assert sources == ["this run's prompts (random tokens)", "accepted length 2.5 at 7 drafted",
+                       "accepted length 2.9 at 7 drafted", "acceptance 0.9 per token"]
+    verify = {r["k"]: r["ms"] for r in spec["verify"]["rows"]}
+    for c in spec["choices"]:
+        assert [p["k"] for p in c["curve"]] == [0, 1, 2, 3]
+        for p in c["curve"][1:]:  # E(a, k) / (verify(k + 1) + the draft's cost per step)
+            want = expected_tokens(c["acceptance"], p["k"]) / (verify[p["k"] + 1] + spec["draft_ms"]) * 1000
+            assert p["tokens_per_s"] == pytest.approx(want)
+        best = max(c["curve"], key=lambda p: p["tokens_per_s"])
+        assert c["best_k"] == best["k"] and c["tokens_per_s"] == best["tokens_per_s"]
+        assert c["speedup"] == pytest.approx(c["tokens_per_s"] / spec["plain_tps"])
+    assert spec["choices"][0]["acceptance"] == pytest.approx(spec["run"]["accepted"] / spec["run"]["drafted"])
+    assert expected_tokens(spec["choices"][1]["acceptance"], 7) == pytest.approx(2.5)
+    assert spec["choices"][2]["acceptance"] == pytest.approx(acceptance_for(2.9))
+
+
+def test_bench_speculate_prices_an_mtp_draft_per_token(tiny_models: dict[str, Path], draft_models: dict[str, Path]) -> None:
+    result = run_pyllm("bench", "speculate", str(tiny_models["tiny-deepseek4"]), "--draft",
+                       str(draft_models["tiny-deepseek4-mtp"]), "--draft-max", "2", "--depth", "16",
+                       "--prompt-tokens", "16", "--gen-tokens", "16", "--repeat", "1", "--accept-len", "2")
+    assert result.returncode == 0, result.stderr
+    assert "of its own per drafted token" in result.stdout and "same tokens as without: yes" in result.stdout
+    rows = [ln for ln in result.stdout.splitlines() if "accepted length 2 at 7 drafted" in ln]
+    assert len(rows) == 1 and "x" in rows[0], result.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--accept-len", "9"], "accepted length 9: give the mean tokens a step yields with 7 drafted, between 1 and 8"),
+    (["--accept-len", "2.5,x"], "--accept-len '2.5,x': give numbers separated by commas"),
+    (["--acceptance", "1.5"], "--acceptance 1.5: a per-token acceptance is between 0 and 1"),
+    (["--draft-max", "0"], "--draft-max 0: draft 1 to 15 tokens a step"),
+])
+def test_bench_speculate_refuses_bad_input_in_one_line(tiny_models: dict[str, Path], draft_models: dict[str, Path],
+                                                       args: list[str], says: str) -> None:
+    result = run_pyllm("bench", "speculate", str(tiny_models["tiny-deepseek4"]), "--draft",
+                       str(draft_models["tiny-deepseek4-dspark"]), *args)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and says in result.stderr, result.stderr
+    assert result.stdout == ""
+
+
+def test_bench_speculate_refuses_an_empty_draft(tiny_models: dict[str, Path]) -> None:
+    result = run_pyllm("bench", "speculate", str(tiny_models["tiny-deepseek4"]), "--draft", "")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and "--draft ''" in result.stderr, result.stderr

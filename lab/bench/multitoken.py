@@ -26,11 +26,11 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from pyllm_a100.bench.speculate import ACCEPT_LENS, K_REF
+from pyllm_a100.bench.speculate import acceptance_for as acceptance
 from pyllm_a100.bench.speculative import expected_tokens
 
 MULTITOKEN_TABLE = ("<!-- multitoken-table -->", "<!-- /multitoken-table -->")
-ACCEPT_LENS = (2.5, 2.9)
-K_REF = 7  # drafted tokens per step at which an accept length is quoted (DSpark's block of 8: 7 drafts)
 DRAFTS = {"dspark": {"spec_type": "draft-dspark", "preset": "deepseek-v4-flash-dspark", "per_token": False, "max_draft": 7},
           "mtp": {"spec_type": "draft-mtp", "preset": "deepseek-v4-flash-mtp", "per_token": True, "max_draft": 15}}
 PROJECTION_RULE = (f"a solves E(a, {K_REF}) = accept_len (E(a, d) = (1 - a^(d+1)) / (1 - a), "
@@ -119,17 +119,6 @@ def draft_cost(plain_step: float, draft_step: float, verify: Mapping[int, float]
     if d < 1 or (d + 1) not in verify or 1 not in verify:
         return None
     return max(0.0, (draft_step - plain_step) - (verify[d + 1] - verify[1]))
-
-
-def acceptance(accept_len: float, drafted: int = K_REF) -> float:
-    """The per-token acceptance a with E(a, drafted) = accept_len (bisection; E grows with a)."""
-    if not 1.0 <= accept_len <= drafted + 1:
-        raise ValueError(f"accept_len {accept_len}: between 1 and {drafted + 1} for {drafted} drafted tokens")
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if expected_tokens(mid, drafted) < accept_len else (lo, mid)
-    return (lo + hi) / 2
 
 
 def projection(verify: Mapping[int, float], draft_ms: float | None, *, per_token: bool, max_draft: int,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lab.bench import multitoken as mt
+from pyllm_a100.bench.throughput import BenchError
 from lab.tests import fakes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,7 +63,7 @@ def test_projection_follows_speculative_py_and_stops_at_the_drafts_block() -> No
     mtp = mt.projection(verify, 7.0, per_token=True, max_draft=15, measured_draft=7, accept_lens=(2.9,))
     k3 = next(r for r in mtp if r["k"] == 3)  # two drafted tokens at 1 ms each
     assert len(mtp) == 16 and k3["projected_tps"] == pytest.approx(mt.expected_tokens(mt.acceptance(2.9), 2) / 13.0 * 1000, rel=1e-3)
-    with pytest.raises(ValueError):
+    with pytest.raises(BenchError, match="between 1 and 8"):
         mt.acceptance(9.0, 7)
 
 

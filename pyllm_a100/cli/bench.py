@@ -1,4 +1,4 @@
-"""Measurements: `pyllm bench run|concurrency|verify|draft|profile|tune`, and `pyllm tune`.
+"""Measurements: `pyllm bench run|concurrency|agents|verify|draft|speculate|profile|tune`, and `pyllm tune`.
 
 Each subcommand is a thin layer over one library function in pyllm_a100.bench. The single-command spelling of
 earlier releases (`pyllm bench MODEL --concurrency 1,4 / --verify-cost 1-16 / --spec-args ... / --profile`) still
@@ -32,7 +32,7 @@ Repeat = Annotated[int, typer.Option(help="Requests per client (per level with a
 TensorSplit = Annotated[Optional[str], typer.Option(help="With MODEL: 1x8, 3,1 ...")]
 ApiKey = Annotated[Optional[str], typer.Option(help="API key of the server at --url.", envvar="PYLLM_API_KEY")]
 
-SUBCOMMANDS = ("run", "concurrency", "agents", "verify", "draft", "profile", "tune")
+SUBCOMMANDS = ("run", "concurrency", "agents", "verify", "draft", "speculate", "profile", "tune")
 
 
 def _model_or_url(model: Optional[str], url: Optional[str]) -> None:
@@ -209,6 +209,60 @@ def draft_cmd(
     print(f"acceptance {run.acceptance:.3f} ({run.accepted} of {run.drafted} drafted tokens), same tokens as without: {run.same_tokens}")
     print(f"step: {run.plain_step_ms:.3f} ms without the draft, {run.draft_step_ms:.3f} ms with it "
           f"(overhead {run.overhead_ms:+.3f} ms per step); decode {run.plain_decode_tps:.1f} -> {run.draft_decode_tps:.1f} tokens/s")
+
+
+def _serve_help(name: str) -> str:
+    """The help of a `pyllm serve` option that a bench command takes with the same meaning (one definition)."""
+    from ..serve.options import ServeOptions
+
+    return next(f.metadata["help"] for f in dataclasses.fields(ServeOptions) if f.name == name)
+
+
+def _floats(text: str, option: str) -> list[float]:
+    from ..bench.throughput import BenchError
+
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BenchError(f"{option} {text!r}: give numbers separated by commas, e.g. 2.5,2.9") from None
+
+
+@bench_app.command("speculate")
+def speculate_cmd(
+    model: ModelArg,
+    draft: Annotated[str, typer.Option(help=_serve_help("draft"))],
+    draft_max: Annotated[int, typer.Option(help="Longest draft to consider (verify forwards of up to this + 1 tokens are timed).")] = 7,
+    accept_len: Annotated[str, typer.Option(help="Mean tokens a step yields with 7 drafted, comma-separated "
+                                                 "(DSpark on real text: 2.5-2.9, the default; '' for none).")] = "2.5,2.9",
+    acceptance: Annotated[str, typer.Option(help="Per-token acceptance rates to project too, e.g. 0.6,0.7.")] = "",
+    depth: Annotated[int, typer.Option(help="Tokens already in the context of the verify forwards.")] = 512,
+    prompt_tokens: PromptTokens = 128,
+    gen_tokens: GenTokens = 128,
+    repeat: Repeat = 3,
+    tensor_split: TensorSplit = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """What a draft will give here: its measured cost, the verify cost per k, and the tokens/s and best draft length at
+    each acceptance (this run's, the published DSpark lengths, or yours)."""
+    from ..bench import speculate
+
+    spec = speculate.speculate(model, draft, draft_max=draft_max, accept_lens=_floats(accept_len, "--accept-len"),
+                               rates=_floats(acceptance, "--acceptance"), depth=depth, prompt_tokens=prompt_tokens,
+                               gen_tokens=gen_tokens, requests=repeat, tensor_split=tensor_split)
+    if as_json:
+        print(json.dumps(spec.as_row(), indent=2))
+        return
+    cost, run = spec.verify, spec.run
+    print(f"verify: one forward of k tokens at depth {cost.depth} against one decode step ({cost.decode_ms:.3f} ms): "
+          + ", ".join(f"k={r['k']} {r['ratio']:.2f}x" for r in cost.rows if r["k"] > 1))
+    unit = "per step (its block in one pass)" if spec.per_step else "per drafted token"
+    print(f"draft ({spec.spec_type}, {' '.join(spec.draft_args)}): {spec.draft_ms:.3f} ms of its own {unit}; "
+          f"{spec.drafted_per_step:.1f} drafted per step, {run.accepted} of {run.drafted} accepted on this run's prompts; "
+          f"same tokens as without: {'yes' if run.same_tokens else 'NO (see docs/speculative.md)'}")
+    print_table(f"plain decoding: {spec.plain_tps:.1f} tokens/s; with the draft, at the best draft length",
+                ["acceptance from", "a per token", "best k", "tokens per step", "tokens/s", "x plain"],
+                [[c.source, f"{c.acceptance:.3f}", str(c.best_k) if c.best_k else "0 (no draft)", f"{c.tokens_per_step:.2f}",
+                  f"{c.tokens_per_s:.1f}", f"{c.speedup:.2f}x"] for c in spec.choices])
 
 
 @bench_app.command("profile")
