@@ -49,12 +49,9 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
         if job[1] == "after":
             assert set(job[3].split(",")) <= set(seen), f"{name} waits for {job[3]}, queued: {seen}"
         seen.append(name)
-    assert seen == ["bprev", "models", "bpatched", "mt", "ops", "tokens", "soak", "kld", "report"]
-    mt = next(j for j in jobs if j[2] == "mt")
-    assert mt[3] == "bpatched,models", "the timing job runs alone: after both builds and the models"
-    after_mt = {j[2] for j in jobs if j[1] == "after" and "mt" in j[3].split(",")}
-    assert after_mt == {"ops", "tokens", "soak", "kld"}
-    bprev, bpatched = jobs[0], jobs[2]
+    assert seen == ["bprev", "bpatched", "kld", "ops"]
+    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"bpatched": "bprev", "kld": "bpatched", "ops": "bpatched"}
+    bprev, bpatched = jobs[0], jobs[1]
     newest = sorted((REPO / "vendor" / "patches").glob("*.patch"))[-1]
     assert f"vendor/patches/{newest.name}" not in bprev and bpatched[-2:] == ["--patches", f"vendor/patches/{newest.name}"]
     assert len([w for w in bprev if w.startswith("vendor/patches/")]) == len(list((REPO / "vendor" / "patches").glob("*.patch"))) - 1
@@ -64,8 +61,7 @@ def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> N
     work = tmp_path / "w"
     env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
     calls = [c for job in queued(work) for c in python_commands(job)]
-    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-decode", "gpu-multitoken", "gpu-a100-check", "gpu-kld",
-                                                "gpu-token-check", "gpu-ab-table"}
+    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-a100-check", "gpu-kld"}
     for call in calls:
         name, args = Path(call[0]).name, call[1:]
         if name == "gpu-build":
@@ -95,7 +91,7 @@ def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> N
 def test_prepare_carry_documents_itself_and_refuses_unknown_arguments() -> None:
     script = REPO / "lab" / "scripts" / "prepare-carry"
     ok = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60)
-    assert ok.returncode == 0 and "gguf 0.19.0" in ok.stdout and ".m1/ .m2/ " in ok.stdout
+    assert ok.returncode == 0 and "gguf 0.19.0" in ok.stdout and ".m1/smol6.gguf" in ok.stdout
     bad = subprocess.run(["bash", str(script), "--nope"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown argument" in bad.stderr
     assert subprocess.run(["bash", "-n", str(SESSION)], timeout=60).returncode == 0
