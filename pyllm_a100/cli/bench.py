@@ -259,6 +259,10 @@ def speculate_cmd(
     print(f"draft ({spec.spec_type}, {' '.join(spec.draft_args)}): {spec.draft_ms:.3f} ms of its own {unit}; "
           f"{spec.drafted_per_step:.1f} drafted per step, {run.accepted} of {run.drafted} accepted on this run's prompts; "
           f"same tokens as without: {'yes' if run.same_tokens else 'NO (see docs/speculative.md)'}")
+    if not spec.choices:
+        print(f"plain decoding: {spec.plain_tps:.1f} tokens/s; the draft proposed nothing on this run's prompts: give "
+              "--accept-len or --acceptance to project what it would give")
+        return
     print_table(f"plain decoding: {spec.plain_tps:.1f} tokens/s; with the draft, at the best draft length",
                 ["acceptance from", "a per token", "best k", "tokens per step", "tokens/s", "x plain"],
                 [[c.source, f"{c.acceptance:.3f}", str(c.best_k) if c.best_k else "0 (no draft)", f"{c.tokens_per_step:.2f}",
