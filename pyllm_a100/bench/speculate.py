@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from .speculative import DraftRun, VerifyCost, draft_ms_per_step, draft_run, expected_tokens, verify_cost
+from .speculative import DraftRun, VerifyCost, draft_ms_per_step, draft_run, expected_tokens, projection, verify_cost
 from .throughput import BenchError
 
 ACCEPT_LENS = (2.5, 2.9)  # DSpark's mean accepted tokens per step on real text, 7 drafted
@@ -81,19 +81,14 @@ class Speculation:
         return dataclasses.asdict(self)
 
 
-def draft_cost(per_step: bool, draft_ms: float, k: int) -> float:
-    return draft_ms if per_step else draft_ms * k
-
-
 def choose(source: str, a: float, cost: VerifyCost, per_step: bool, draft_ms: float, draft_max: int) -> Choice:
-    """The best draft length for acceptance a over the measured verify costs (k = 0: plain decoding)."""
+    """The best draft length for acceptance a over the measured verify costs (speculative.projection's rows; k = 0:
+    plain decoding)."""
     plain = 1000.0 / cost.decode_ms
+    rows = projection(cost, acceptances=(a,), draft_ms_per_token=0.0 if per_step else draft_ms,
+                      draft_ms_per_step=draft_ms if per_step else 0.0)
     curve = [{"k": 0, "tokens_per_s": plain}]
-    for k in range(1, draft_max + 1):
-        verify = cost.ms(k + 1)
-        if verify is None:
-            continue
-        curve.append({"k": k, "tokens_per_s": expected_tokens(a, k) / (verify + draft_cost(per_step, draft_ms, k)) * 1000.0})
+    curve += [{"k": r["k"], "tokens_per_s": r["expected_tokens"] / r["step_ms"] * 1000.0} for r in rows if r["k"] <= draft_max]
     best = max(curve, key=lambda r: r["tokens_per_s"])
     k = int(best["k"])
     return Choice(source=source, acceptance=a, best_k=k, tokens_per_step=expected_tokens(a, k),
