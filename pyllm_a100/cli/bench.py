@@ -242,8 +242,7 @@ def speculate_cmd(
     tensor_split: TensorSplit = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """What a draft will give here: its measured cost, the verify cost per k, and the tokens/s and best draft length at
-    each acceptance (this run's, the published DSpark lengths, or yours)."""
+    """What a draft will give here: its cost, the verify cost per k, the best draft length and tokens/s per acceptance."""
     from ..bench import speculate
 
     spec = speculate.speculate(model, draft, draft_max=draft_max, accept_lens=_floats(accept_len, "--accept-len"),
