@@ -139,25 +139,33 @@ def test_gpu_build_reports_a_patch_that_does_not_apply(tmp_path: Path) -> None:
     assert not (tmp_path / "w" / "pin-bin").exists()
 
 
+def stand_in_tree(root: Path, programs: dict[str, str]) -> Path:
+    """A CMake C project shaped like a llama.cpp tree (a ggml folder beside CMakeLists.txt): one executable per
+    ``programs`` name, each printing its text, all built into BUILD/bin as llama.cpp's are."""
+    tree = root / "llama.cpp"
+    (tree / "ggml").mkdir(parents=True)
+    (tree / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.14)\nproject(fake C)\n"
+                                         "set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
+                                         + "".join(f"add_executable({n} {n}.c)\n" for n in programs))
+    for name, text in programs.items():
+        (tree / f"{name}.c").write_text(f'#include <stdio.h>\nint main(void) {{ puts("{text}"); return 0; }}\n')
+    return tree
+
+
 def test_gpu_build_builds_a_patched_tree_into_label_bin(tmp_path: Path) -> None:
     """The success path on a stand-in tree (a CMake project with a llama-bench target): extracted from an archive,
     patched with fuzz 0, configured with the sm_80 line (--sass90 too: the stand-in ignores CUDA, and without a CUDA library
     to read the JSON says it was only requested), built, copied to WORK/pin-bin with its .built marker."""
     import tarfile
 
-    tree = tmp_path / "t" / "llama.cpp"
-    (tree / "ggml").mkdir(parents=True)
-    (tree / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.14)\nproject(fake C)\n"
-                                         "set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
-                                         "add_executable(llama-bench main.c)\nadd_executable(unused main.c)\n")
-    (tree / "main.c").write_text('#include <stdio.h>\nint main(void) { puts("pin"); return 0; }\n')
+    tree = stand_in_tree(tmp_path / "t", {"llama-bench": "pin", "unused": "pin"})
     with tarfile.open(tmp_path / "src.tar.gz", "w:gz") as tar:
         tar.add(tree, arcname="llama.cpp")
     patches = tmp_path / "p"
     patches.mkdir()
     (patches / "0001-say-patched.patch").write_text(
         "From 1 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] say patched\n\n---\n"
-        "--- a/main.c\n+++ b/main.c\n@@ -1,2 +1,2 @@\n #include <stdio.h>\n"
+        "--- a/llama-bench.c\n+++ b/llama-bench.c\n@@ -1,2 +1,2 @@\n #include <stdio.h>\n"
         '-int main(void) { puts("pin"); return 0; }\n+int main(void) { puts("patched"); return 0; }\n')
     env = dict(fakes.env_without_preload(), GPU_DECODE_PATCHES=str(patches))
     result = script("gpu-build", "--src", str(tmp_path / "src.tar.gz"), "--work", str(tmp_path / "w"), "pin", "--sass90",
@@ -239,12 +247,7 @@ def test_kld_gap_table_puts_each_dispatch_in_its_own_column() -> None:
 
 def test_gpu_build_extend_rebuilds_a_finished_build_with_one_more_patch(tmp_path: Path) -> None:
     """--extend: a real CMake build, then one more patch on its tree: the new program, the old one untouched."""
-    tree = tmp_path / "src" / "llama.cpp"
-    (tree / "ggml").mkdir(parents=True)
-    (tree / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.16)\nproject(x C)\n"
-                                         "set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
-                                         "add_executable(hello hello.c)\n")
-    (tree / "hello.c").write_text('#include <stdio.h>\nint main(void) { puts("one"); return 0; }\n')
+    stand_in_tree(tmp_path / "src", {"hello": "one"})
     patches = tmp_path / "p"
     patches.mkdir()
     (patches / "0001-two.patch").write_text(
