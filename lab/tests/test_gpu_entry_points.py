@@ -270,3 +270,24 @@ def test_gpu_build_extend_rebuilds_a_finished_build_with_one_more_patch(tmp_path
     assert res["extends"] == "first" and res["patches"] == ["0000-none.patch", "0001-two.patch"]
     refused = script("gpu-build", "third", *common, "--extend", "first", "--sass90", env=env)
     assert refused.returncode == 2 and "leave out -D and --sass90" in refused.stderr
+
+
+def test_gguf_keep_layers_keeps_the_first_blocks_and_every_other_tensor(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """A real model cut to 1 block: block_count 1, blk.0.* and the non-block tensors kept byte for byte, llama.cpp loads it."""
+    import gguf
+
+    src = tiny_models["tiny-llama"]
+    out = tmp_path / "cut.gguf"
+    result = script("gguf-keep-layers", str(src), str(out), "1")
+    assert result.returncode == 0, result.stderr
+    before, after = gguf.GGUFReader(src), gguf.GGUFReader(out)
+    arch = after.fields["general.architecture"].contents()
+    assert after.fields[f"{arch}.block_count"].contents() == 1
+    want = {t.name: bytes(t.data) for t in before.tensors if not t.name.startswith("blk.") or t.name.startswith("blk.0.")}
+    assert {t.name: bytes(t.data) for t in after.tensors} == want
+    loaded = subprocess.run([sys.executable, "-c", "import sys; from pyllm_a100 import Llama; "
+                             "print(Llama(sys.argv[1], n_ctx=64, verbose=False).n_vocab())", str(out)],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert loaded.returncode == 0 and int(loaded.stdout) > 0, loaded.stderr[-1000:]
+    refused = script("gguf-keep-layers", str(src), str(tmp_path / "none.gguf"), "0")
+    assert refused.returncode == 2 and "keep 1 to" in refused.stderr and not (tmp_path / "none.gguf").exists()
