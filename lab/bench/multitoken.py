@@ -13,10 +13,18 @@ the native and the A100 dispatch, and what speculative decoding would make of it
   (k - 1 drafted tokens) E(a, k - 1) = (1 - a^k) / (1 - a) tokens per step (speculative.expected_tokens) over
   verify_ms(k) + draft_ms(k) (DSpark: its per-step cost, k <= its block + 1; MTP: per token x (k - 1)).
 
-Rows of lab/results/gpu-multitoken.json (rows(), exactly these keys):
+* weights read: what a forward of k tokens must read from memory against one token, from the file's own tensor
+  sizes (pyllm_a100/models/roofline.py): every non-expert byte once, and each routed expert that at least one of the
+  k tokens is sent to, n (1 - (1 - u/n)^k) of n experts for u per token with independent uniform routing (the
+  synthetic routers' random weights; real routing is correlated between neighbouring tokens and touches fewer).
+  At equal bandwidth use this is the least a k-token verify can cost against a step.
+
+Rows of lab/results/gpu-multitoken*.json (rows(); these keys, experts and weights_read only where the run knew them):
   {model, layers, dispatch, verify: [{k, pin_ms, patched_ms}], batched: [{sequences, pin_tps, patched_tps}],
-   draft: {type, pin_ms, patched_ms}, projection: [{accept_len, k, plain_tps, projected_tps}]}
-render() turns the file into docs/performance.md's generated section (MULTITOKEN markers).
+   draft: {type, pin_ms, patched_ms}, projection: [{accept_len, k, plain_tps, projected_tps}],
+   experts, weights_read: [{k, ratio}]}
+render() turns the 43-layer file into docs/performance.md's generated section (MULTITOKEN markers); render_shapes()
+the other shapes' file (MULTITOKEN_SHAPES markers).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from pyllm_a100.bench.speculate import acceptance_for as acceptance
 from pyllm_a100.bench.speculative import expected_tokens
 
 MULTITOKEN_TABLE = ("<!-- multitoken-table -->", "<!-- /multitoken-table -->")
+MULTITOKEN_SHAPES = ("<!-- multitoken-shapes -->", "<!-- /multitoken-shapes -->")
 DRAFTS = {"dspark": {"spec_type": "draft-dspark", "preset": "deepseek-v4-flash-dspark", "per_token": False, "max_draft": 7},
           "mtp": {"spec_type": "draft-mtp", "preset": "deepseek-v4-flash-mtp", "per_token": True, "max_draft": 15}}
 PROJECTION_RULE = (f"a solves E(a, {K_REF}) = accept_len (E(a, d) = (1 - a^(d+1)) / (1 - a), "
@@ -143,18 +152,36 @@ def projection(verify: Mapping[int, float], draft_ms: float | None, *, per_token
 
 # --- the results file --------------------------------------------------------------------------------------------------
 
-def rows(models: Mapping[str, tuple[str, int]], verify: Mapping, batched: Mapping, drafts: Mapping, *, projection_draft: str,
-         accept_lens: Sequence[float] = ACCEPT_LENS, k_ref: int = K_REF) -> list[dict]:
+def distinct_experts(experts: int, used: int, k: int) -> float:
+    """Expected number of distinct experts k tokens are routed to, u = used of n = experts each, independently and
+    uniformly: n (1 - (1 - u/n)^k)."""
+    return experts * (1 - (1 - used / experts) ** k) if experts else 0.0
+
+
+def weights_read(weights: Mapping[str, int], ks: Iterable[int]) -> list[dict]:
+    """[{k, ratio}]: bytes a k-token forward reads / bytes a one-token forward reads. weights: roofline.WeightsPerToken's
+    fields (active_bytes, expert_bytes, experts_used, experts)."""
+    n, u = int(weights.get("experts") or 0), int(weights.get("experts_used") or 0)
+    per_expert = weights["expert_bytes"] / n if n else 0.0
+    dense = weights["active_bytes"] - per_expert * u
+    return [{"k": k, "ratio": round((dense + per_expert * distinct_experts(n, u, k)) / weights["active_bytes"], 3)}
+            for k in ks]
+
+
+def rows(models: Mapping[str, tuple], verify: Mapping, batched: Mapping, drafts: Mapping, *, projection_draft: str,
+         accept_lens: Sequence[float] = ACCEPT_LENS, k_ref: int = K_REF, weights: Mapping[str, Mapping] | None = None) -> list[dict]:
     """The JSON rows, one per (model file, dispatch). models: file key -> (model name, layers). Inputs are means over
     rounds: verify[file][column] = {k: ms}; batched[file][column] = {N: tok/s}; drafts[type][column] = {"own_ms",
-    "drafted"} (drafted tokens per step); columns are lab/bench/dispatch.py names (pin, patched, pin@a100, ...)."""
+    "drafted"} (drafted tokens per step); columns are lab/bench/dispatch.py names (pin, patched, pin@a100, ...).
+    models[file] may add the routed expert count (name, layers, experts): the row gets "experts"; weights[file]
+    (roofline fields) adds "weights_read" for the row's k."""
     from lab.bench.dispatch import column_name
 
     dispatches = sorted({(c.split("@") + ["native"])[1] for src in (verify, batched) for m in src.values() for c in m},
                         key=lambda d: d != "native")
     info = DRAFTS[projection_draft]
     out = []
-    for model, (name, layers) in models.items():
+    for model, (name, layers, *rest) in models.items():
         for disp in dispatches:
             pin, ours = column_name("pin", disp), column_name("patched", disp)
             v, b = verify.get(model) or {}, batched.get(model) or {}
@@ -164,7 +191,7 @@ def rows(models: Mapping[str, tuple[str, int]], verify: Mapping, batched: Mappin
             ns = sorted(set(b.get(pin, {})) | set(b.get(ours, {})))
             d = drafts.get(projection_draft) or {}
             own = {c: (d.get(c) or {}).get("own_ms") for c in (pin, ours)}
-            out.append({
+            row = {
                 "model": name, "layers": layers, "dispatch": disp,
                 "verify": [{"k": k, "pin_ms": _r(v.get(pin, {}).get(k)), "patched_ms": _r(v.get(ours, {}).get(k))} for k in ks],
                 "batched": [{"sequences": n, "pin_tps": _r(b.get(pin, {}).get(n)), "patched_tps": _r(b.get(ours, {}).get(n))} for n in ns],
@@ -172,7 +199,12 @@ def rows(models: Mapping[str, tuple[str, int]], verify: Mapping, batched: Mappin
                 "projection": projection(v.get(ours, {}), own[ours], per_token=info["per_token"], max_draft=info["max_draft"],
                                          measured_draft=max(1, int(round((d.get(ours) or {}).get("drafted") or info["max_draft"]))),
                                          accept_lens=accept_lens, k_ref=k_ref) if v.get(ours) else [],
-            })
+            }
+            if rest:
+                row["experts"] = rest[0]
+            if (weights or {}).get(model):
+                row["weights_read"] = weights_read(weights[model], ks)
+            out.append(row)
     return out
 
 
@@ -244,4 +276,36 @@ def render(data: Mapping[str, Any] | None) -> str:
         lines.append(f"- {r['dispatch']}: {d['type']} draft {_fmt(d['patched_ms'], '.2f')} ms per step (pin "
                      f"{_fmt(d['pin_ms'], '.2f')}); best projected (patched): " + ("; ".join(best) or "no projection") + ".")
     lines += ["", f"Projection, not a measurement: {data.get('projection_rule', PROJECTION_RULE)}."]
+    return "\n".join(lines) + "\n"
+
+
+def render_shapes(data: Mapping[str, Any] | None) -> str:
+    """The generated section for the other shapes (a run of lab/scripts/gpu-multitoken over cut and real-expert files):
+    k/1 per model, dispatch and build, and the weights a k-token forward reads against one token's."""
+    if not data or not data.get("rows"):
+        return ("Other shapes (DeepSeek-V4 with all 256 experts, GLM-5's 78 layers): not measured yet "
+                "(lab/results/gpu-multitoken-shapes.json).\n")
+    lines = [f"The same measurement on other files, one run ({data.get('gpu', 'GPU').split(',')[0]} running the sm_80 code; "
+             "generated from lab/results/gpu-multitoken-shapes.json by `python lab/benchmarks/report.py`). k/1 as above; "
+             "`weights read` is what a k-token forward must read against one token: every non-expert weight once and each "
+             "routed expert at least one token is sent to (independent uniform routing, the file's own tensor sizes). "
+             "At equal bandwidth use no kernel makes a verify cheaper than that.", "",
+             "| model | layers | experts | dispatch | build | 1 token, ms | " + " | ".join(f"k={k}" for k in RENDER_KS) + " |",
+             "| --- | ---: | ---: | --- | --- | ---: |" + " ---: |" * len(RENDER_KS)]
+    floors_done = set()
+    for r in data["rows"]:
+        if not r["verify"]:
+            continue
+        v = {x["k"]: x for x in r["verify"]}
+        head = f"| {r['model']} | {r['layers']} | {r.get('experts', '-')} |"
+        for build in ("pin", "patched"):
+            one = (v.get(1) or {}).get(f"{build}_ms")
+            cells = [_fmt((v.get(k) or {}).get(f"{build}_ms") / one if one and (v.get(k) or {}).get(f"{build}_ms") else None, ".2f")
+                     for k in RENDER_KS]
+            lines.append(f"{head} {r['dispatch']} | {build} | {_fmt(one, '.2f')} | " + " | ".join(cells) + " |")
+        key = (r["model"], r["layers"], r.get("experts"))
+        if r.get("weights_read") and key not in floors_done:
+            floors_done.add(key)
+            w = {x["k"]: x["ratio"] for x in r["weights_read"]}
+            lines.append(f"{head} - | weights read | - | " + " | ".join(_fmt(w.get(k), ".2f") for k in RENDER_KS) + " |")
     return "\n".join(lines) + "\n"

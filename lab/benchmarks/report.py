@@ -10,7 +10,8 @@ lab/benchmarks/gpu.py (the GPU machine; copied from its output folder); the serv
 --phases concurrency,verify,speculative --results gpu-serving-bench.json) and
 results/cpu-serving-bench.json (lab/benchmarks/gpu.py --cpu, this machine). Any may be missing:
 its section then says so. The multi-token section of docs/performance.md (multitoken-table markers) comes from
-lab/results/gpu-multitoken.json (lab/scripts/gpu-multitoken, issue 42; "not measured yet" while it does not exist);
+lab/results/gpu-multitoken.json (lab/scripts/gpu-multitoken, issue 42; "not measured yet" while it does not exist),
+its other shapes (multitoken-shapes markers) from lab/results/gpu-multitoken-shapes.json;
 the agent-team section (agents-table markers) from lab/results/cpu-agents.json (lab/scripts/agents-bench, issue 40).
 """
 
@@ -29,7 +30,8 @@ sys.path.insert(0, str(REPO))  # this checkout's renderer (no native build neede
 from lab.bench.agents_table import AGENTS_TABLE  # noqa: E402
 from lab.bench.agents_table import render as agents_section  # noqa: E402
 from lab.bench.decode_results import summarize  # noqa: E402
-from lab.bench.multitoken import MULTITOKEN_TABLE  # noqa: E402
+from lab.bench.multitoken import MULTITOKEN_SHAPES, MULTITOKEN_TABLE  # noqa: E402
+from lab.bench.multitoken import render_shapes as multitoken_shapes_section  # noqa: E402
 from lab.bench.multitoken import render as multitoken_section  # noqa: E402
 from lab.bench.report import PERF_TABLE, perf_table, render, replace_between  # noqa: E402
 
@@ -48,6 +50,8 @@ def main() -> int:
                         help="issue 42's multi-token curves (lab/scripts/gpu-multitoken report)")
     parser.add_argument("--multitoken-docs", type=Path, nargs="+", help="the documents whose multitoken-table section is "
                         "rendered from --multitoken (default: those of --performance that have the markers)")
+    parser.add_argument("--multitoken-shapes", type=Path, default=REPO / "lab" / "results" / "gpu-multitoken-shapes.json",
+                        help="the multi-token curves of the other shapes (256 experts, GLM-5), where multitoken-shapes markers are")
     parser.add_argument("--agents", type=Path, default=REPO / "lab" / "results" / "cpu-agents.json",
                         help="issue 40's agent-team load (lab/scripts/agents-bench), rendered where agents-table markers are")
     parser.add_argument("--check", action="store_true", help="exit 1 if --write or --performance differ from what the results give")
@@ -65,6 +69,9 @@ def main() -> int:
     docs = args.multitoken_docs or [p for p in args.performance if MULTITOKEN_TABLE[0] in p.read_text()]
     for path in docs:
         outputs[path] = replace_between(outputs.get(path, path.read_text()), MULTITOKEN_TABLE, multitoken)
+    shapes = multitoken_shapes_section(json.loads(args.multitoken_shapes.read_text()) if args.multitoken_shapes.is_file() else None)
+    for path in [p for p in docs if MULTITOKEN_SHAPES[0] in outputs.get(p, p.read_text())]:
+        outputs[path] = replace_between(outputs[path], MULTITOKEN_SHAPES, shapes)
     agents = agents_section(json.loads(args.agents.read_text()) if args.agents.is_file() else None)
     for path in [p for p in args.performance if AGENTS_TABLE[0] in p.read_text()]:
         outputs[path] = replace_between(outputs.get(path, path.read_text()), AGENTS_TABLE, agents)

@@ -167,7 +167,7 @@ def test_stages_over_stand_ins_mix_dispatches_in_one_run(tmp_path: Path) -> None
         ["patched@a100", "pin@a100", "patched", "pin"]
     rows = {(r["layers"], r["dispatch"]): r for r in data["rows"]}
     assert set(rows) == {(43, "native"), (43, "a100"), (4, "native"), (4, "a100")}
-    assert all(set(r) == ROW_KEYS for r in rows.values())
+    assert all(set(r) == ROW_KEYS | {"experts"} and r["experts"] == 16 for r in rows.values())  # the stand-in files: no weights
     v = {x["k"]: x for x in rows[(43, "a100")]["verify"]}
     assert v[1]["pin_ms"] == pytest.approx(10.0 * 1.02 * 1.01, rel=0.02) and v[4]["patched_ms"] < v[4]["pin_ms"]
     assert [b["sequences"] for b in rows[(43, "native")]["batched"]] == [1, 8, 16, 32]
@@ -204,3 +204,73 @@ def test_gpu_ab_table_compares_two_builds_per_dispatch(tmp_path: Path) -> None:
     assert "B/A 0.940" in p.stdout
     none = subprocess.run([sys.executable, str(script), str(mt_dir), "--a", "x", "--b", "y"], capture_output=True, text=True, timeout=60)
     assert none.returncode == 1 and "no run of both x and y" in none.stderr and not (tmp_path / "x").exists()
+
+
+def test_weights_read_counts_each_touched_expert_once() -> None:
+    dense = {"active_bytes": 1000, "expert_bytes": 0, "experts_used": 0, "experts": 0}
+    assert [r["ratio"] for r in mt.weights_read(dense, [1, 8])] == [1.0, 1.0]  # no experts: k tokens read the same
+    # 600 dense bytes + 6 of 16 experts at 100 bytes each per token
+    moe = {"active_bytes": 1200, "expert_bytes": 1600, "experts_used": 6, "experts": 16}
+    r = {x["k"]: x["ratio"] for x in mt.weights_read(moe, [1, 2, 8, 64])}
+    assert r[1] == 1.0 and mt.distinct_experts(16, 6, 1) == pytest.approx(6)
+    assert r[2] == pytest.approx((600 + 100 * 16 * (1 - (10 / 16) ** 2)) / 1200, abs=1e-3)
+    assert r[8] < r[64] <= (600 + 1600) / 1200  # never more than every expert once
+    # the real expert count: 8 tokens touch ~44 of 256 experts, so the experts' share grows ~7x, not ~2.6x as with 16
+    assert mt.distinct_experts(256, 6, 8) == pytest.approx(44.3, abs=0.5) and mt.distinct_experts(16, 6, 8) > 15.5
+
+
+def shapes_data() -> dict:
+    verify = {m: {c: {k: base * (1 + 0.1 * (k - 1)) * s for k in range(1, 17)}
+                  for c, s in (("pin", 1.0), ("patched", 0.7), ("pin@a100", 1.02), ("patched@a100", 0.72))}
+              for m, base in (("v4-4l-256", 2.0), ("v4-4l", 1.5), ("glm5-78l", 30.0))}
+    models = {"glm5-78l": ("glm-5", 78, 16), "v4-4l": ("deepseek-v4-flash", 4, 16), "v4-4l-256": ("deepseek-v4-flash", 4, 256)}
+    weights = {"v4-4l-256": {"active_bytes": 1200, "expert_bytes": 25600, "experts_used": 6, "experts": 256}}
+    rows = mt.rows(models, verify, {}, {}, projection_draft="dspark", weights=weights)
+    return {"gpu": "NVIDIA H200, 580", "rows": rows}
+
+
+def test_shapes_rows_and_their_section() -> None:
+    rows = shapes_data()["rows"]
+    assert [(r["model"], r["layers"], r["experts"], r["dispatch"]) for r in rows][:3] == [
+        ("glm-5", 78, 16, "native"), ("glm-5", 78, 16, "a100"), ("deepseek-v4-flash", 4, 16, "native")]
+    assert all(set(r) == ROW_KEYS | {"experts"} for r in rows if r["experts"] == 16)
+    real = [r for r in rows if r["experts"] == 256]
+    assert len(real) == 2 and all(len(r["weights_read"]) == 16 for r in real)
+    text = mt.render_shapes(shapes_data())
+    assert "| glm-5 | 78 | 16 | a100 | patched | 21.60 | 1.10 | 1.30 | 1.70 | 2.50 |" in text
+    assert text.count("| weights read |") == 1 and "| deepseek-v4-flash | 4 | 256 | - | weights read | - |" in text
+    assert "not measured yet" in mt.render_shapes(None) and "not measured yet" in mt.render_shapes({"rows": []})
+
+
+def test_the_committed_shapes_section_says_what_the_committed_results_give(tmp_path: Path) -> None:
+    perf = (REPO / "docs" / "performance.md").read_text()
+    results = REPO / "lab" / "results" / "gpu-multitoken-shapes.json"
+    expected = mt.render_shapes(json.loads(results.read_text()) if results.is_file() else None)
+    assert perf.split(mt.MULTITOKEN_SHAPES[0] + "\n")[1].split(mt.MULTITOKEN_SHAPES[1])[0] == expected
+    data = tmp_path / "shapes.json"
+    data.write_text(json.dumps(shapes_data()))
+    assert report(tmp_path, None, "--multitoken-shapes", str(data)).returncode == 0
+    assert "| glm-5 | 78 | 16 | a100 | patched |" in (tmp_path / "performance.md").read_text()
+
+
+def test_verify_keeps_the_other_files_runs_and_records_weights(tmp_path: Path) -> None:
+    """Two verify runs, one file each (the first file deleted in between, as the GPU session does for disk): the report
+    has both files' rows; a real GGUF's weights per token give its weights_read rows, a stand-in's none."""
+    from pyllm_a100.synth import synthesize
+
+    work = tmp_path / "work"
+    fakes.builds(work)
+    synthesize("tiny-deepseek4", work / "v4-4l.gguf", seed=42)  # a real MoE file where v4-4l is expected
+    env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
+    for model in ("v4-4l", "v4-43l"):
+        result = run("--work", str(work), "--columns", "pin,patched", "--models", model, "--k", "1-4", "verify", env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        (work / f"{model}.gguf").unlink()
+    verify = json.loads((work / "mt" / "verify.json").read_text())
+    assert {r["model"] for r in verify["runs"]} == {"v4-4l", "v4-43l"}
+    assert verify["weights"]["v4-4l"]["experts"] > verify["weights"]["v4-4l"]["experts_used"] > 0
+    assert "error" in verify["weights"]["v4-43l"]  # the stand-in "GGUF" file has no header to read
+    rows = {r["layers"]: r for r in json.loads((tmp_path / "out" / "gpu-multitoken.json").read_text())["rows"]}
+    assert set(rows) == {43, 4} and "weights_read" not in rows[43]
+    ratios = [x["ratio"] for x in rows[4]["weights_read"]]
+    assert [x["k"] for x in rows[4]["weights_read"]] == [1, 2, 3, 4] and ratios[0] == 1.0 and ratios == sorted(ratios) and ratios[3] > 1
