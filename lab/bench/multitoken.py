@@ -216,6 +216,7 @@ def _r(x: float | None, nd: int = 3) -> float | None:
 
 RENDER_KS = (2, 4, 8, 16)
 RENDER_NS = (1, 8, 16, 32)
+SHAPES_KS = (2, 4, 7, 8, 16)  # 7 -> 8: where MXFP4's MUL_MAT_ID leaves MMVQ for MMQ on sm_80 code
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -290,8 +291,8 @@ def render_shapes(data: Mapping[str, Any] | None) -> str:
              "`weights read` is what a k-token forward must read against one token: every non-expert weight once and each "
              "routed expert at least one token is sent to (independent uniform routing, the file's own tensor sizes). "
              "At equal bandwidth use no kernel makes a verify cheaper than that.", "",
-             "| model | layers | experts | dispatch | build | 1 token, ms | " + " | ".join(f"k={k}" for k in RENDER_KS) + " |",
-             "| --- | ---: | ---: | --- | --- | ---: |" + " ---: |" * len(RENDER_KS)]
+             "| model | layers | experts | dispatch | build | 1 token, ms | " + " | ".join(f"k={k}" for k in SHAPES_KS) + " |",
+             "| --- | ---: | ---: | --- | --- | ---: |" + " ---: |" * len(SHAPES_KS)]
     floors_done = set()
     for r in data["rows"]:
         if not r["verify"]:
@@ -300,12 +301,14 @@ def render_shapes(data: Mapping[str, Any] | None) -> str:
         head = f"| {r['model']} | {r['layers']} | {r.get('experts', '-')} |"
         for build in ("pin", "patched"):
             one = (v.get(1) or {}).get(f"{build}_ms")
-            cells = [_fmt((v.get(k) or {}).get(f"{build}_ms") / one if one and (v.get(k) or {}).get(f"{build}_ms") else None, ".2f")
-                     for k in RENDER_KS]
+            if one is None:  # a run of one build only
+                continue
+            cells = [_fmt((v.get(k) or {}).get(f"{build}_ms") / one if (v.get(k) or {}).get(f"{build}_ms") else None, ".2f")
+                     for k in SHAPES_KS]
             lines.append(f"{head} {r['dispatch']} | {build} | {_fmt(one, '.2f')} | " + " | ".join(cells) + " |")
         key = (r["model"], r["layers"], r.get("experts"))
         if r.get("weights_read") and key not in floors_done:
             floors_done.add(key)
             w = {x["k"]: x["ratio"] for x in r["weights_read"]}
-            lines.append(f"{head} - | weights read | - | " + " | ".join(_fmt(w.get(k), ".2f") for k in RENDER_KS) + " |")
+            lines.append(f"{head} - | weights read | - | " + " | ".join(_fmt(w.get(k), ".2f") for k in SHAPES_KS) + " |")
     return "\n".join(lines) + "\n"

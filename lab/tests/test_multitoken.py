@@ -237,9 +237,13 @@ def test_shapes_rows_and_their_section() -> None:
     real = [r for r in rows if r["experts"] == 256]
     assert len(real) == 2 and all(len(r["weights_read"]) == 16 for r in real)
     text = mt.render_shapes(shapes_data())
-    assert "| glm-5 | 78 | 16 | a100 | patched | 21.60 | 1.10 | 1.30 | 1.70 | 2.50 |" in text
+    assert "| glm-5 | 78 | 16 | a100 | patched | 21.60 | 1.10 | 1.30 | 1.60 | 1.70 | 2.50 |" in text
     assert text.count("| weights read |") == 1 and "| deepseek-v4-flash | 4 | 256 | - | weights read | - |" in text
     assert "not measured yet" in mt.render_shapes(None) and "not measured yet" in mt.render_shapes({"rows": []})
+    only_patched = shapes_data()
+    for r in only_patched["rows"]:
+        r["verify"] = [dict(v, pin_ms=None) for v in r["verify"]]
+    assert "| pin |" not in mt.render_shapes(only_patched) and "| a100 | patched |" in mt.render_shapes(only_patched)
 
 
 def test_the_committed_shapes_section_says_what_the_committed_results_give(tmp_path: Path) -> None:
