@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import gguf
@@ -375,6 +376,14 @@ def test_bench_speculate_measures_the_draft_and_picks_the_best_length(tiny_model
     assert spec["choices"][0]["acceptance"] == pytest.approx(spec["run"]["accepted"] / spec["run"]["drafted"])
     assert expected_tokens(spec["choices"][1]["acceptance"], 7) == pytest.approx(2.5)
     assert spec["choices"][2]["acceptance"] == pytest.approx(acceptance_for(2.9))
+    # the weights each verify width must read, from the model's own header: 1 at k = 1, growing with the experts reached
+    from pyllm_a100.models.gguf_files import resolve_model
+    from pyllm_a100.models.roofline import weights_per_token
+
+    weights = weights_per_token(resolve_model(tiny_models["tiny-deepseek4"]))
+    assert [w["k"] for w in spec["weights_read"]] == [1, 2, 3, 4] and spec["weights_read"][0]["ratio"] == pytest.approx(1.0)
+    assert all(w["ratio"] == pytest.approx(weights.read_ratio(w["k"])) for w in spec["weights_read"])
+    assert spec["weights_read"][3]["ratio"] > spec["weights_read"][1]["ratio"] > 1.0
 
 
 def test_bench_speculate_prices_an_mtp_draft_per_token(tiny_models: dict[str, Path], draft_models: dict[str, Path]) -> None:
@@ -383,6 +392,7 @@ def test_bench_speculate_prices_an_mtp_draft_per_token(tiny_models: dict[str, Pa
                        "--prompt-tokens", "16", "--gen-tokens", "16", "--repeat", "1", "--accept-len", "2")
     assert result.returncode == 0, result.stderr
     assert "of its own per drafted token" in result.stdout and "same tokens as without: yes" in result.stdout
+    assert re.search(r"k=2 \d+\.\d\dx \((1\.\d\d)x\), k=3 \d+\.\d\dx \((1\.\d\d)x\)", result.stdout), result.stdout
     rows = [ln for ln in result.stdout.splitlines() if "accepted length 2 at 7 drafted" in ln]
     assert len(rows) == 1 and "x" in rows[0], result.stdout
 

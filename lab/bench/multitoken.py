@@ -37,6 +37,7 @@ from typing import Any
 from pyllm_a100.bench.speculate import ACCEPT_LENS, K_REF
 from pyllm_a100.bench.speculate import acceptance_for as acceptance
 from pyllm_a100.bench.speculative import expected_tokens
+from pyllm_a100.models.roofline import WeightsPerToken, distinct_experts  # noqa: F401 (distinct_experts: the lab's name for it)
 
 MULTITOKEN_TABLE = ("<!-- multitoken-table -->", "<!-- /multitoken-table -->")
 MULTITOKEN_SHAPES = ("<!-- multitoken-shapes -->", "<!-- /multitoken-shapes -->")
@@ -152,20 +153,12 @@ def projection(verify: Mapping[int, float], draft_ms: float | None, *, per_token
 
 # --- the results file --------------------------------------------------------------------------------------------------
 
-def distinct_experts(experts: int, used: int, k: int) -> float:
-    """Expected number of distinct experts k tokens are routed to, u = used of n = experts each, independently and
-    uniformly: n (1 - (1 - u/n)^k)."""
-    return experts * (1 - (1 - used / experts) ** k) if experts else 0.0
-
-
 def weights_read(weights: Mapping[str, int], ks: Iterable[int]) -> list[dict]:
-    """[{k, ratio}]: bytes a k-token forward reads / bytes a one-token forward reads. weights: roofline.WeightsPerToken's
-    fields (active_bytes, expert_bytes, experts_used, experts)."""
-    n, u = int(weights.get("experts") or 0), int(weights.get("experts_used") or 0)
-    per_expert = weights["expert_bytes"] / n if n else 0.0
-    dense = weights["active_bytes"] - per_expert * u
-    return [{"k": k, "ratio": round((dense + per_expert * distinct_experts(n, u, k)) / weights["active_bytes"], 3)}
-            for k in ks]
+    """[{k, ratio}]: bytes a k-token forward reads / bytes a one-token forward reads (roofline.WeightsPerToken.read_ratio).
+    weights: WeightsPerToken's fields, as gpu-multitoken's verify stage records them."""
+    w = WeightsPerToken(**{f: int(weights.get(f) or 0) for f in ("total_bytes", "active_bytes", "expert_bytes",
+                                                                 "experts_used", "experts")})
+    return [{"k": k, "ratio": round(w.read_ratio(k), 3)} for k in ks]
 
 
 def rows(models: Mapping[str, tuple], verify: Mapping, batched: Mapping, drafts: Mapping, *, projection_draft: str,

@@ -252,8 +252,10 @@ def speculate_cmd(
         print(json.dumps(spec.as_row(), indent=2))
         return
     cost, run = spec.verify, spec.run
-    print(f"verify: one forward of k tokens at depth {cost.depth} against one decode step ({cost.decode_ms:.3f} ms): "
-          + ", ".join(f"k={r['k']} {r['ratio']:.2f}x" for r in cost.rows if r["k"] > 1))
+    floor = {w["k"]: w["ratio"] for w in spec.weights_read}
+    print(f"verify: one forward of k tokens at depth {cost.depth} against one decode step ({cost.decode_ms:.3f} ms), "
+          "and (in brackets) the weights it must read against one token's: "
+          + ", ".join(f"k={r['k']} {r['ratio']:.2f}x ({floor[r['k']]:.2f}x)" for r in cost.rows if r["k"] > 1))
     unit = "per step (its block in one pass)" if spec.per_step else "per drafted token"
     print(f"draft ({spec.spec_type}, {' '.join(spec.draft_args)}): {spec.draft_ms:.3f} ms of its own {unit}; "
           f"{spec.drafted_per_step:.1f} drafted per step, {run.accepted} of {run.drafted} accepted on this run's prompts; "
