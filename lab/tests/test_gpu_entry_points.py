@@ -74,6 +74,23 @@ def test_gpu_token_check_compares_each_run_with_the_pin_of_its_dispatch_and_its_
     assert data["all_equal"] is True and data["patched@a100:v4-4l:p8"]["dispatch"] == "a100"
 
 
+def test_gpu_token_check_takes_more_files_and_prompt_lengths(tmp_path: Path) -> None:
+    """--model NAME=PATH adds a file (the 256-expert V4 for 0038's chunks) and --prompt-lengths the prompts."""
+    work = tmp_path / "work"
+    fakes.builds(work)
+    (work / "tiny-v4.gguf").write_bytes(b"GGUF")
+    (work / "v4-4l-256.gguf").write_bytes(b"GGUF")
+    env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
+    result = script("gpu-token-check", str(work), "pin", "patched", "--model", f"v4-4l-256={work / 'v4-4l-256.gguf'}",
+                    "--prompt-lengths", "8,16", env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((tmp_path / "out" / "token-check.json").read_text())["summary"]
+    assert {k.split(":", 1)[1] for k in summary} == {f"{m}:{p}" for m in ("tiny-deepseek4", "v4-4l", "v4-4l-256")
+                                                      for p in ("p8", "p16")}
+    bad = script("gpu-token-check", str(work), "pin", "--model", "v4-4l-256", env=env)
+    assert bad.returncode == 2 and "--model NAME=PATH" in bad.stderr
+
+
 def test_gpu_decode_refuses_an_unknown_dispatch_before_running(tmp_path: Path) -> None:
     result = script("gpu-decode", "--work", str(tmp_path), "--columns", "pin@h100", "bench")
     assert result.returncode == 2 and "DISPATCH one of native, a100" in result.stderr

@@ -49,22 +49,23 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
         if job[1] == "after":
             assert set(job[3].split(",")) <= set(seen), f"{name} waits for {job[3]}, queued: {seen}"
         seen.append(name)
-    assert seen == ["bpatched", "models", "glm5", "mt256", "mtglm", "kld", "report"]
+    assert seen == ["bpatched", "models", "bcand", "mt", "ops", "tokens", "soak"]
     assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {
-        "glm5": "models", "mt256": "bpatched,models", "mtglm": "mt256,glm5", "kld": "mtglm", "report": "kld"}
+        "bcand": "bpatched", "mt": "bcand,models", "ops": "mt", "tokens": "mt", "soak": "mt"}
     text = "\n".join(shlex.join(j) for j in jobs)
-    # the timing runs alone: nothing but the (untimed) GLM-5 write may overlap mt256, nothing at all mtglm
-    assert "--models v4-4l-256,v4-4l verify" in text and "--ncu-model v4-4l-256" in text and "--models glm5-78l verify" in text
-    # glm5 deletes the 256-expert file only when the disk cannot hold both, and only after mt256 is done with it
-    glm5 = next(j for j in jobs if j[2] == "glm5")[-1]
-    assert glm5.index("mt256.done") < glm5.index("rm -f") < glm5.index("--write glm5-78l")
+    candidates = sorted((REPO / "lab" / "patches-candidate").glob("*.patch"))
+    bcand = next(j for j in jobs if j[2] == "bcand")
+    assert candidates and bcand[bcand.index("--patches") + 1:] == [f"lab/patches-candidate/{c.name}" for c in candidates]
+    assert "--extend patched" in shlex.join(bcand) and "--models v4-4l-256,v4-4l verify" in text
+    assert "--batched-model v4-4l-256" in text and "gpu-ab-table" in text and "--prompt-lengths 8,16,300" in text
 
 
 def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> None:
     work = tmp_path / "w"
     env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
     calls = [c for job in queued(work) for c in python_commands(job)]
-    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-kld", "gpu-multitoken"}
+    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-multitoken", "gpu-ab-table", "gpu-a100-check",
+                                                 "gpu-token-check"}
     for call in calls:
         name, args = Path(call[0]).name, call[1:]
         if name == "gpu-build":
