@@ -133,10 +133,14 @@ def test_verify_cost_gives_one_row_per_k(tiny_deepseek4: Path) -> None:
     cost = json.loads(result.stdout)
     assert [r["k"] for r in cost["rows"]] == [1, 2, 3, 4] and cost["depth"] == 64 and cost["decode_ms"] > 0
     assert all(r["ms"] > 0 and abs(r["ratio"] - r["ms"] / cost["decode_ms"]) < 1e-9 for r in cost["rows"])
+    # the weights each forward must read against one token's (tiny-deepseek4: 2 of 8 experts a token)
+    weights = [r["weights"] for r in cost["rows"]]
+    assert weights[0] == pytest.approx(1.0) and weights == sorted(weights) and weights[3] > 1.0
     assert cost["argv"][cost["argv"].index("-d") + 1] == "64" and cost["argv"][cost["argv"].index("-p") + 1] == "1,2,3,4"
     text = run_pyllm("bench", str(tiny_deepseek4), "--verify-cost", "2,8", "--depth", "32")
     assert text.returncode == 0, text.stderr
     assert [ln.split()[0] for ln in text.stdout.splitlines() if ln.split()[:1] in (["2"], ["8"])] == ["2", "8"]
+    assert "x weights read" in text.stdout
 
 
 def test_spec_args_read_the_draft_counts(tiny_models: dict[str, Path]) -> None:

@@ -381,9 +381,9 @@ def test_bench_speculate_measures_the_draft_and_picks_the_best_length(tiny_model
     from pyllm_a100.models.roofline import weights_per_token
 
     weights = weights_per_token(resolve_model(tiny_models["tiny-deepseek4"]))
-    assert [w["k"] for w in spec["weights_read"]] == [1, 2, 3, 4] and spec["weights_read"][0]["ratio"] == pytest.approx(1.0)
-    assert all(w["ratio"] == pytest.approx(weights.read_ratio(w["k"])) for w in spec["weights_read"])
-    assert spec["weights_read"][3]["ratio"] > spec["weights_read"][1]["ratio"] > 1.0
+    floor = {r["k"]: r["weights"] for r in spec["verify"]["rows"]}
+    assert floor[1] == pytest.approx(1.0) and floor[4] > floor[2] > 1.0
+    assert all(w == pytest.approx(weights.read_ratio(k)) for k, w in floor.items())
 
 
 def test_bench_speculate_prices_an_mtp_draft_per_token(tiny_models: dict[str, Path], draft_models: dict[str, Path]) -> None:

@@ -16,8 +16,8 @@ would give, E(a, k) / (T_verify(k + 1) + T_draft(k)), and the best k (or none: p
 The acceptance this run measures comes from its own prompts (random token ids): a real draft on real text accepts far
 more, which is why the published lengths are the default.
 
-Beside each verify cost, the weights that forward must read against one token's (models/roofline.py read_ratio, from the
-model's own header): a MoE model's k tokens reach more experts than one, so no kernel makes its verify cheaper than
+Beside each verify cost, the weights that forward must read against one token's (speculative.verify_cost's "weights",
+from the model's own header): a MoE model's k tokens reach more experts than one, so no kernel makes its verify cheaper than
 that at the same bandwidth; a measured cost far above it names a kernel that pays per token what it could pay per expert.
 """
 
@@ -80,7 +80,6 @@ class Speculation:
     verify: VerifyCost
     run: DraftRun
     choices: list[Choice]
-    weights_read: list[dict[str, float]]  # {"k", "ratio"}: weight bytes a k-token forward reads / one token's
 
     def as_row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -107,14 +106,11 @@ def speculate(model: str, draft_spec: str, *, draft_max: int = DRAFT_MAX, accept
     ``model``, then the best draft length per acceptance. Bad input raises BenchError or DraftError before any run."""
     from ..models.drafts import resolve
     from ..models.gguf_files import resolve_model
-    from ..models.roofline import weights_per_token
 
     if not 1 <= draft_max <= 15:
         raise BenchError(f"--draft-max {draft_max}: draft 1 to 15 tokens a step (the verify forwards measured are k + 1 <= 16)")
     sources = acceptances(accept_lens, rates)  # checked before anything runs
-    files = resolve_model(model)
-    draft = resolve(files, draft_spec, draft_max)
-    weights = weights_per_token(files)
+    draft = resolve(resolve_model(model), draft_spec, draft_max)
     per_step = draft.spec_type in PER_STEP_TYPES
     cost = verify_cost(model, list(range(1, draft_max + 2)), depth=depth, tensor_split=tensor_split)
     run = draft_run(model, draft.argv(), prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, requests=requests,
@@ -128,4 +124,4 @@ def speculate(model: str, draft_spec: str, *, draft_max: int = DRAFT_MAX, accept
     choices = [choose(src, a, cost, per_step, draft_ms, draft_max) for src, a in sources]
     return Speculation(spec_type=draft.spec_type, draft_args=draft.argv(), per_step=per_step, draft_ms=draft_ms,
                        drafted_per_step=drafted_per_step, plain_tps=1000.0 / cost.decode_ms, verify=cost, run=run,
-                       choices=choices, weights_read=[{"k": r["k"], "ratio": weights.read_ratio(r["k"])} for r in cost.rows])
+                       choices=choices)

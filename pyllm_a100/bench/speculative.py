@@ -56,7 +56,9 @@ def parse_k_range(text: str) -> list[int]:
 class VerifyCost:
     depth: int  # tokens already in the context
     decode_ms: float  # one decode step: llama-bench tg (N single-token forwards) / N, median of the repetitions
-    rows: list[dict[str, float]]  # {"k", "ms" (one forward of k tokens), "ratio" (ms / decode_ms)}
+    # {"k", "ms" (one forward of k tokens), "ratio" (ms / decode_ms), "weights" (the weight bytes that forward must
+    # read / one token's: models/roofline.py read_ratio, the least "ratio" can be at the same bandwidth)}
+    rows: list[dict[str, float]]
     argv: list[str]
     repetitions: int
 
@@ -80,8 +82,9 @@ def verify_cost(model: str | os.PathLike[str], ks: Sequence[int], *, depth: int 
                 repetitions: int = 5, tensor_split: str | None = None, env: dict[str, str] | None = None,
                 extra_args: Sequence[str] = (), timeout: float = 1800) -> VerifyCost:
     """One llama-bench run: ``-p k1,k2,... -n decode_tokens -d depth -r repetitions -o json``."""
-    from ..models.gguf_files import resolve_model
     from ..build.native import binary
+    from ..models.gguf_files import resolve_model
+    from ..models.roofline import weights_per_token
 
     if not ks or any(k < 1 or k > MAX_K for k in ks):
         raise BenchError(f"--verify-cost: every k must be 1..{MAX_K}")
@@ -105,7 +108,9 @@ def verify_cost(model: str | os.PathLike[str], ks: Sequence[int], *, depth: int 
         key = ("pp", t["n_prompt"]) if t["n_prompt"] else ("tg", t["n_gen"])
         median_ms[key] = statistics.median(t["samples_ns"]) / 1e6
     decode = median_ms[("tg", decode_tokens)] / decode_tokens
-    rows = [{"k": k, "ms": median_ms[("pp", k)], "ratio": median_ms[("pp", k)] / decode} for k in ks]
+    weights = weights_per_token(files)
+    rows = [{"k": k, "ms": median_ms[("pp", k)], "ratio": median_ms[("pp", k)] / decode, "weights": weights.read_ratio(k)}
+            for k in ks]
     return VerifyCost(depth=depth, decode_ms=decode, rows=rows, argv=argv[1:], repetitions=repetitions)
 
 

@@ -184,7 +184,8 @@ def verify_cmd(
         print(json.dumps(cost.as_row(), indent=2))
         return
     print_table(f"one forward of k tokens at depth {cost.depth} vs one decode step ({cost.decode_ms:.3f} ms)",
-                ["k", "ms per forward", "x decode step"], [[str(r["k"]), f"{r['ms']:.3f}", f"{r['ratio']:.2f}"] for r in cost.rows])
+                ["k", "ms per forward", "x decode step", "x weights read"],
+                [[str(r["k"]), f"{r['ms']:.3f}", f"{r['ratio']:.2f}", f"{r['weights']:.2f}"] for r in cost.rows])
 
 
 @bench_app.command("draft")
@@ -252,10 +253,9 @@ def speculate_cmd(
         print(json.dumps(spec.as_row(), indent=2))
         return
     cost, run = spec.verify, spec.run
-    floor = {w["k"]: w["ratio"] for w in spec.weights_read}
     print(f"verify: one forward of k tokens at depth {cost.depth} against one decode step ({cost.decode_ms:.3f} ms), "
           "and (in brackets) the weights it must read against one token's: "
-          + ", ".join(f"k={r['k']} {r['ratio']:.2f}x ({floor[r['k']]:.2f}x)" for r in cost.rows if r["k"] > 1))
+          + ", ".join(f"k={r['k']} {r['ratio']:.2f}x ({r['weights']:.2f}x)" for r in cost.rows if r["k"] > 1))
     unit = "per step (its block in one pass)" if spec.per_step else "per drafted token"
     print(f"draft ({spec.spec_type}, {' '.join(spec.draft_args)}): {spec.draft_ms:.3f} ms of its own {unit}; "
           f"{spec.drafted_per_step:.1f} drafted per step, {run.accepted} of {run.drafted} accepted on this run's prompts; "
