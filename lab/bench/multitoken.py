@@ -17,7 +17,8 @@ the native and the A100 dispatch, and what speculative decoding would make of it
   sizes (pyllm_a100/models/roofline.py): every non-expert byte once, and each routed expert that at least one of the
   k tokens is sent to, n (1 - (1 - u/n)^k) of n experts for u per token with independent uniform routing (the
   synthetic routers' random weights; real routing is correlated between neighbouring tokens and touches fewer).
-  At equal bandwidth use this is the least a k-token verify can cost against a step.
+  At equal bandwidth use this is the least a k-token verify can cost against a step, unless its tokens share experts more
+  than independent routing does (trained routers on real text).
 
 Rows of lab/results/gpu-multitoken*.json (rows(); these keys, experts and weights_read only where the run knew them):
   {model, layers, dispatch, verify: [{k, pin_ms, patched_ms}], batched: [{sequences, pin_tps, patched_tps}],
@@ -283,7 +284,8 @@ def render_shapes(data: Mapping[str, Any] | None) -> str:
              "generated from lab/results/gpu-multitoken-shapes.json by `python lab/benchmarks/report.py`). k/1 as above; "
              "`weights read` is what a k-token forward must read against one token: every non-expert weight once and each "
              "routed expert at least one token is sent to (independent uniform routing, the file's own tensor sizes). "
-             "At equal bandwidth use no kernel makes a verify cheaper than that.", "",
+             "At equal bandwidth use no kernel makes a verify cheaper than that (the files' random routers route "
+             "independently; trained ones on real text share experts somewhat more).", "",
              "| model | layers | experts | dispatch | build | 1 token, ms | " + " | ".join(f"k={k}" for k in SHAPES_KS) + " |",
              "| --- | ---: | ---: | --- | --- | ---: |" + " ---: |" * len(SHAPES_KS)]
     floors_done = set()

@@ -9,9 +9,10 @@ A forward of k tokens (a speculative verify, k sequences decoding together) read
 weight once for all of them, but every expert that at least one of the k tokens is routed to:
 with u of n experts per token, routed independently and uniformly, n (1 - (1 - u/n)^k) of them
 (:meth:`WeightsPerToken.read_ratio`). With 256 experts and 6 per token, 8 tokens reach ~44
-experts, so the experts' share grows ~7x; real routing is correlated between neighbouring
-tokens and reaches fewer, so this is what a k-token forward reads at most, and what it costs
-against one token if both stream at the same bandwidth.
+experts, so the experts' share grows ~7x. Real routing is correlated between neighbouring
+tokens and reaches fewer: for a trained model this is an upper estimate of what a k-token
+forward reads; for the synthetic files (random routers) it is the expectation. Either way it is
+what the forward costs against one token if both stream at the same bandwidth.
 """
 
 from __future__ import annotations
