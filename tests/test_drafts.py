@@ -402,6 +402,7 @@ def test_bench_speculate_prices_an_mtp_draft_per_token(tiny_models: dict[str, Pa
     (["--accept-len", "2.5,x"], "--accept-len '2.5,x': give numbers separated by commas"),
     (["--acceptance", "1.5"], "--acceptance 1.5: a per-token acceptance is between 0 and 1"),
     (["--draft-max", "0"], "--draft-max 0: draft 1 to 15 tokens a step"),
+    (["--depth", "-1"], "--depth -1: give the tokens already in the context, 0 or more"),
 ])
 def test_bench_speculate_refuses_bad_input_in_one_line(tiny_models: dict[str, Path], draft_models: dict[str, Path],
                                                        args: list[str], says: str) -> None:

@@ -89,8 +89,10 @@ def verify_cost(model: str | os.PathLike[str], ks: Sequence[int], *, depth: int 
 
     if not ks or any(k < 1 or k > MAX_K for k in ks):
         raise BenchError(f"--verify-cost: every k must be 1..{MAX_K}")
-    if depth < 0 or decode_tokens < 1 or repetitions < 1:
-        raise BenchError("--depth must be >= 0, --gen-tokens and --repeat >= 1")
+    if depth < 0:
+        raise BenchError(f"--depth {depth}: give the tokens already in the context, 0 or more")
+    if decode_tokens < 1 or repetitions < 1:
+        raise BenchError(f"verify_cost(decode_tokens={decode_tokens}, repetitions={repetitions}): both must be 1 or more")
     files = resolve_model(model)
     argv = [str(binary("llama-bench")), "-m", str(files.first), "-p", ",".join(map(str, ks)), "-n", str(decode_tokens),
             "-d", str(depth), "-r", str(repetitions), "-ub", str(max(512, max(ks))), "-o", "json",
