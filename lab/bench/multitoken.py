@@ -38,7 +38,7 @@ from typing import Any
 from pyllm_a100.bench.speculate import ACCEPT_LENS, K_REF
 from pyllm_a100.bench.speculate import acceptance_for as acceptance
 from pyllm_a100.bench.speculative import expected_tokens
-from pyllm_a100.models.roofline import WeightsPerToken, distinct_experts  # noqa: F401 (distinct_experts: the lab's name for it)
+from pyllm_a100.models.roofline import WeightsPerToken
 
 MULTITOKEN_TABLE = ("<!-- multitoken-table -->", "<!-- /multitoken-table -->")
 MULTITOKEN_SHAPES = ("<!-- multitoken-shapes -->", "<!-- /multitoken-shapes -->")
@@ -217,6 +217,12 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _ratio_cells(v: Mapping[int, Mapping[str, Any]], build: str, ks: Sequence[int]) -> list[str]:
+    """build's ms at each k over its one-token ms, formatted ("-" where either is missing)."""
+    one = (v.get(1) or {}).get(f"{build}_ms")
+    return [_fmt(ms / one if one and ms else None, ".2f") for ms in ((v.get(k) or {}).get(f"{build}_ms") for k in ks)]
+
+
 def _batched_table(main: Sequence[Mapping[str, Any]]) -> list[str]:
     lines = ["N sequences decoding together (llama-batched-bench), aggregate tokens/s:", "",
              "| dispatch | build | " + " | ".join(f"N={n}" for n in RENDER_NS) + " |",
@@ -253,8 +259,7 @@ def render(data: Mapping[str, Any] | None) -> str:
         v = {x["k"]: x for x in r["verify"]}
         for build in ("pin", "patched"):
             one = (v.get(1) or {}).get(f"{build}_ms")
-            cells = [_fmt((v.get(k) or {}).get(f"{build}_ms") / one if one and (v.get(k) or {}).get(f"{build}_ms") else None, ".2f")
-                     for k in RENDER_KS]
+            cells = _ratio_cells(v, build, RENDER_KS)
             lines.append(f"| {r['dispatch']} | {build} | {_fmt(one, '.2f')} | " + " | ".join(cells) + " |")
     lines += ["", *_batched_table(main), ""]
     for r in main:
@@ -298,8 +303,7 @@ def render_shapes(data: Mapping[str, Any] | None) -> str:
             one = (v.get(1) or {}).get(f"{build}_ms")
             if one is None:  # a run of one build only
                 continue
-            cells = [_fmt((v.get(k) or {}).get(f"{build}_ms") / one if (v.get(k) or {}).get(f"{build}_ms") else None, ".2f")
-                     for k in SHAPES_KS]
+            cells = _ratio_cells(v, build, SHAPES_KS)
             lines.append(f"{head} {r['dispatch']} | {build} | {_fmt(one, '.2f')} | " + " | ".join(cells) + " |")
         key = (r["model"], r["layers"], r.get("experts"))
         if r.get("weights_read") and key not in floors_done:

@@ -14,6 +14,7 @@ import pytest
 
 from lab.bench import multitoken as mt
 from pyllm_a100.bench.throughput import BenchError
+from pyllm_a100.models.roofline import distinct_experts
 from lab.tests import fakes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -212,11 +213,11 @@ def test_weights_read_counts_each_touched_expert_once() -> None:
     # 600 dense bytes + 6 of 16 experts at 100 bytes each per token
     moe = {"active_bytes": 1200, "expert_bytes": 1600, "experts_used": 6, "experts": 16}
     r = {x["k"]: x["ratio"] for x in mt.weights_read(moe, [1, 2, 8, 64])}
-    assert r[1] == 1.0 and mt.distinct_experts(16, 6, 1) == pytest.approx(6)
+    assert r[1] == 1.0 and distinct_experts(16, 6, 1) == pytest.approx(6)
     assert r[2] == pytest.approx((600 + 100 * 16 * (1 - (10 / 16) ** 2)) / 1200, abs=1e-3)
     assert r[8] < r[64] <= (600 + 1600) / 1200  # never more than every expert once
     # the real expert count: 8 tokens touch ~44 of 256 experts, so the experts' share grows ~7x, not ~2.6x as with 16
-    assert mt.distinct_experts(256, 6, 8) == pytest.approx(44.3, abs=0.5) and mt.distinct_experts(16, 6, 8) > 15.5
+    assert distinct_experts(256, 6, 8) == pytest.approx(44.3, abs=0.5) and distinct_experts(16, 6, 8) > 15.5
 
 
 def shapes_data() -> dict:
