@@ -38,6 +38,7 @@ from typing import Any
 from pyllm_a100.bench.speculate import ACCEPT_LENS, K_REF
 from pyllm_a100.bench.speculate import acceptance_for as acceptance
 from pyllm_a100.bench.speculative import expected_tokens
+from pyllm_a100.home import write_json_atomic
 from pyllm_a100.models.roofline import WeightsPerToken
 
 MULTITOKEN_TABLE = ("<!-- multitoken-table -->", "<!-- /multitoken-table -->")
@@ -162,13 +163,60 @@ def weights_read(weights: Mapping[str, int], ks: Iterable[int]) -> list[dict]:
     return [{"k": k, "ratio": round(w.read_ratio(k), 3)} for k in ks]
 
 
+ROLES = ("pin", "patched")  # the two builds every row compares
+
+
+def parse_roles(text: str) -> dict[str, str]:
+    """'pin=patched,patched=cand' -> {"pin": "patched", "patched": "cand"} (--report-as, --labels); '' -> {}."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        role, sep, value = part.partition("=")
+        if not sep or role not in ROLES or not value:
+            raise ValueError(f"{part!r}: give ROLE=VALUE with ROLE one of {', '.join(ROLES)} (pin=patched,patched=cand)")
+        out[role] = value
+    return out
+
+
+def as_roles(columns: Mapping[str, Any], roles: Mapping[str, str]) -> dict[str, Any]:
+    """A model's {column: data} with the builds named in roles renamed to their role, per dispatch (roles
+    {"pin": "patched", "patched": "cand"}: patched@a100 -> pin@a100, cand@a100 -> patched@a100); without roles unchanged."""
+    if not roles:
+        return dict(columns)
+    back = {build: role for role, build in roles.items()}
+    out = {}
+    for column, data in columns.items():
+        build, _, disp = column.partition("@")
+        if build in back:
+            out[back[build] + ("@" + disp if disp else "")] = data
+    return out
+
+
+def merge_shapes(shapes: Mapping[str, Any] | None, run: Mapping[str, Any]) -> dict[str, Any]:
+    """The shapes file with run's rows in place of the rows of the same files (model, layers, experts); the other rows
+    stay. Each row keeps "started" and "gpu" of its run, and "runs" keeps every run's other fields (settings, commands,
+    kernels, dispatch) under its start time, so the file says how each row was measured."""
+    def key(r):
+        return r["model"], r["layers"], r.get("experts")
+
+    def fields(x):
+        return {k: v for k, v in x.items() if k not in ("rows", "runs")}
+    shapes = dict(shapes or {})
+    runs = dict(shapes.get("runs") or ({shapes["started"]: fields(shapes)} if shapes.get("started") else {}))
+    runs[run.get("started") or "unknown"] = fields(run)
+    new = [dict(r, started=run.get("started"), gpu=run.get("gpu")) for r in run.get("rows") or []]
+    keys = {key(r) for r in new}
+    old = [r for r in shapes.get("rows") or [] if key(r) not in keys]
+    return {**fields(run), "rows": old + new, "runs": runs}
+
+
 def rows(models: Mapping[str, tuple], verify: Mapping, batched: Mapping, drafts: Mapping, *, projection_draft: str,
-         accept_lens: Sequence[float] = ACCEPT_LENS, k_ref: int = K_REF, weights: Mapping[str, Mapping] | None = None) -> list[dict]:
+         accept_lens: Sequence[float] = ACCEPT_LENS, k_ref: int = K_REF, weights: Mapping[str, Mapping] | None = None,
+         labels: Mapping[str, str] | None = None) -> list[dict]:
     """The JSON rows, one per (model file, dispatch). models: file key -> (model name, layers). Inputs are means over
     rounds: verify[file][column] = {k: ms}; batched[file][column] = {N: tok/s}; drafts[type][column] = {"own_ms",
     "drafted"} (drafted tokens per step); columns are lab/bench/dispatch.py names (pin, patched, pin@a100, ...).
     models[file] may add the routed expert count (name, layers, experts): the row gets "experts"; weights[file]
-    (roofline fields) adds "weights_read" for the row's k."""
+    (roofline fields) adds "weights_read" for the row's k; labels ({role: text}) what the build column says."""
     from lab.bench.dispatch import column_name
 
     dispatches = sorted({(c.split("@") + ["native"])[1] for src in (verify, batched) for m in src.values() for c in m},
@@ -198,6 +246,8 @@ def rows(models: Mapping[str, tuple], verify: Mapping, batched: Mapping, drafts:
                 row["experts"] = rest[0]
             if (weights or {}).get(model):
                 row["weights_read"] = weights_read(weights[model], ks)
+            if labels:
+                row["labels"] = dict(labels)
             out.append(row)
     return out
 
@@ -285,12 +335,15 @@ def render_shapes(data: Mapping[str, Any] | None) -> str:
     if not data or not data.get("rows"):
         return ("Other shapes (DeepSeek-V4 with all 256 experts, GLM-5's 78 layers): not measured yet "
                 "(lab/results/gpu-multitoken-shapes.json).\n")
-    lines = [f"The same measurement on other files, one run ({data.get('gpu', 'GPU').split(',')[0]} running the sm_80 code; "
+    gpus = sorted({(r.get("gpu") or data.get("gpu") or "GPU").split(",")[0] for r in data["rows"]})
+    lines = [f"The same measurement on other files ({' and '.join(gpus)} running the sm_80 code; "
              "generated from lab/results/gpu-multitoken-shapes.json by `python lab/benchmarks/report.py`). k/1 as above; "
              "`weights read` is what a k-token forward must read against one token: every non-expert weight once and each "
-             "routed expert at least one token is sent to (independent uniform routing, the file's own tensor sizes). "
-             "At equal bandwidth use no kernel makes a verify cheaper than that (the files' random routers route "
-             "independently; trained ones on real text share experts somewhat more).", "",
+             "routed expert at least one token is sent to (independent uniform routing, the file's own tensor sizes; "
+             "trained routers on real text share experts somewhat more). A k/1 far above it is a kernel paying per token "
+             "what it could pay per expert; k/1 can come in under it, since a one-token step also pays costs that do not "
+             "grow with k (launches, attention, norms). `build`: the vendor/patches series measured; the rows of one file "
+             "come from one run, side by side.", "",
              "| model | layers | experts | dispatch | build | 1 token, ms | " + " | ".join(f"k={k}" for k in SHAPES_KS) + " |",
              "| --- | ---: | ---: | --- | --- | ---: |" + " ---: |" * len(SHAPES_KS)]
     floors_done = set()
@@ -304,7 +357,8 @@ def render_shapes(data: Mapping[str, Any] | None) -> str:
             if one is None:  # a run of one build only
                 continue
             cells = _ratio_cells(v, build, SHAPES_KS)
-            lines.append(f"{head} {r['dispatch']} | {build} | {_fmt(one, '.2f')} | " + " | ".join(cells) + " |")
+            label = (r.get("labels") or {}).get(build, build)
+            lines.append(f"{head} {r['dispatch']} | {label} | {_fmt(one, '.2f')} | " + " | ".join(cells) + " |")
         key = (r["model"], r["layers"], r.get("experts"))
         if r.get("weights_read") and key not in floors_done:
             floors_done.add(key)

@@ -279,3 +279,36 @@ def test_verify_keeps_the_other_files_runs_and_records_weights(tmp_path: Path) -
     assert set(rows) == {43, 4} and "weights_read" not in rows[43]
     ratios = [x["ratio"] for x in rows[4]["weights_read"]]
     assert [x["k"] for x in rows[4]["weights_read"]] == [1, 2, 3, 4] and ratios[0] == 1.0 and ratios == sorted(ratios) and ratios[3] > 1
+
+
+def test_roles_name_a_candidate_against_the_series_and_labels_say_which() -> None:
+    roles = mt.parse_roles("pin=patched,patched=cand")
+    assert roles == {"pin": "patched", "patched": "cand"} and mt.parse_roles("") == {}
+    for bad in ("cand=patched", "pin", "pin=", "patched=cand,x=y"):
+        with pytest.raises(ValueError, match="ROLE=VALUE"):
+            mt.parse_roles(bad)
+    cols = {"patched": {1: 2.0}, "cand": {1: 1.0}, "patched@a100": {1: 2.2}, "cand@a100": {1: 1.1}, "pin": {1: 9.0}}
+    assert mt.as_roles(cols, roles) == {"pin": {1: 2.0}, "patched": {1: 1.0}, "pin@a100": {1: 2.2}, "patched@a100": {1: 1.1}}
+    assert mt.as_roles(cols, {}) == cols
+    rows = mt.rows({"v4-4l-256": ("deepseek-v4-flash", 4, 256)}, {"v4-4l-256": mt.as_roles(
+        {c: {1: v[1], 8: v[1] * 2} for c, v in cols.items()}, roles)}, {}, {}, projection_draft="dspark",
+        labels={"pin": "0001-0036", "patched": "0001-0038"})
+    assert [r["labels"] for r in rows] == [{"pin": "0001-0036", "patched": "0001-0038"}] * 2
+    text = mt.render_shapes({"gpu": "NVIDIA H200, 1", "rows": rows})
+    assert "| deepseek-v4-flash | 4 | 256 | native | 0001-0036 | 2.00 |" in text and "| a100 | 0001-0038 | 1.10 |" in text
+
+
+def test_merged_shapes_replace_rows_of_the_same_file_and_keep_each_runs_fields() -> None:
+    old = shapes_data()
+    old.update(started="t13", gpu="NVIDIA H200, 580", commands={"stages": {"verify": "thirteenth"}})
+    new_row = dict(old["rows"][-1], verify=[{"k": 1, "pin_ms": 1.0, "patched_ms": 1.0}])
+    run = {"started": "t14", "gpu": "NVIDIA H200, 580", "commands": {"stages": {"verify": "fourteenth"}}, "rows": [new_row]}
+    merged = mt.merge_shapes(old, run)
+    key = (new_row["model"], new_row["layers"], new_row["experts"], new_row["dispatch"])
+    same_file = [r for r in merged["rows"] if (r["model"], r["layers"], r["experts"]) == key[:3]]
+    assert same_file == [dict(new_row, started="t14", gpu="NVIDIA H200, 580")]  # both dispatches' old rows gone
+    assert len(merged["rows"]) == len(old["rows"]) - 2 + 1  # the file's native and a100 rows -> the run's one row
+    assert merged["runs"]["t13"]["commands"]["stages"]["verify"] == "thirteenth"
+    assert merged["runs"]["t14"]["commands"]["stages"]["verify"] == "fourteenth" and merged["started"] == "t14"
+    again = mt.merge_shapes(merged, dict(run, started="t15"))
+    assert set(again["runs"]) == {"t13", "t14", "t15"} and "runs" not in again["runs"]["t15"]
