@@ -124,7 +124,8 @@ def run(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.C
 
 
 @pytest.mark.parametrize("args,message", [(["--builds", "pin@h100"], "DISPATCH one of"), (["--parallel", "0"], "--parallel"),
-                                          (["--ub", "-1"], "--ub")])
+                                          (["--ub", "-1"], "--ub"), (["--ub-values", "4,4"], "--ub-values"),
+                                          (["--ub-values", "0,64"], "--ub-values")])
 def test_bad_arguments_are_one_usage_error(args: list[str], message: str, tmp_path: Path) -> None:
     result = run("--work", str(tmp_path), *args, "report")
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
@@ -174,7 +175,8 @@ def test_ops_and_sanitizer_stages_over_stand_ins(tmp_path: Path) -> None:
 
 def test_crash_sweep_through_the_cpu_llama_server(tmp_path: Path) -> None:
     """The soak stage with this package's CPU llama-server standing for the patched build (native dispatch: no GPU):
-    tiny-llama lengths 1..6 and the "4-layer V4" (here tiny DeepSeek-V4, UD mix), then -ub 1..2 at lengths 1..5; 0 crashes."""
+    tiny-llama lengths 1..6 and the "4-layer V4" (here tiny DeepSeek-V4, UD mix), then -ub 3 and 1 (--ub-values in place
+    of --ub's 1..N) at lengths 1..5; 0 crashes."""
     from pyllm_a100.build.native import native_dir
     from pyllm_a100.synth import synthesize
 
@@ -185,12 +187,12 @@ def test_crash_sweep_through_the_cpu_llama_server(tmp_path: Path) -> None:
     env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"), PYLLM_NATIVE_DIR=str(native_dir()),
                PYLLM_HOME=str(tmp_path / "home"))
     result = run("--work", str(work), "--dispatch", "native", "--soak-models", "tiny-llama,deepseek-v4-flash-4l",
-                 "--max-length", "6", "--ub", "2", "--ub-lengths", "5", "soak", env=env)
+                 "--max-length", "6", "--ub", "2", "--ub-values", "3,1", "--ub-lengths", "5", "soak", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     soak = json.loads((tmp_path / "out" / "gpu-a100-dispatch.json").read_text())["soak"]
     assert [c["label"] for c in soak["cases"]] == ["tiny-llama lengths 1-6", "deepseek-v4-flash-4l lengths 1-6",
-                                                  "deepseek-v4-flash-4l -ub 1", "deepseek-v4-flash-4l -ub 2"]
+                                                  "deepseek-v4-flash-4l -ub 3", "deepseek-v4-flash-4l -ub 1"]
     assert soak["verdict"]["crashes"] == 0 and soak["verdict"]["http_errors"] == 0 and soak["verdict"]["failed_cases"] == []
     assert soak["cases"][0]["requests"] == 6 + 1 + 4 + 16 and soak["cases"][2]["phases"]["lengths"]["requests"] == 5
     assert all(c["dispatch"] == "native" and c["reported_capability"] is None for c in soak["cases"])  # a CPU build
-    assert "--soak-build patched" in soak["command"]
+    assert "--soak-build patched" in soak["command"] and "--ub-values 3,1" in soak["command"]

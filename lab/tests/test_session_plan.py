@@ -56,8 +56,9 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
     candidates = sorted((REPO / "lab" / "patches-candidate").glob("*.patch"))
     bcand = next(j for j in jobs if j[2] == "bcand")
     assert candidates and bcand[bcand.index("--patches") + 1:] == [f"lab/patches-candidate/{c.name}" for c in candidates]
-    assert "--extend patched" in shlex.join(bcand) and "--models v4-4l-256,v4-4l verify" in text
-    assert "--batched-model v4-4l-256" in text and "gpu-ab-table" in text and "--prompt-lengths 8,16,300" in text
+    assert "--extend patched" in shlex.join(bcand) and "--models v4-4l-256,v4-4l --k 1,2,7,8" in text
+    assert "--batched-model v4-4l-256" in text and "gpu-ab-table" in text and "--prompt-lengths 8,100,300" in text
+    assert "--ub-values 43,64,128,170" in text  # 0039's ubatches: 43-170 tokens in chunks, through llama-server
 
 
 def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> None:
