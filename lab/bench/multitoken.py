@@ -38,7 +38,6 @@ from typing import Any
 from pyllm_a100.bench.speculate import ACCEPT_LENS, K_REF
 from pyllm_a100.bench.speculate import acceptance_for as acceptance
 from pyllm_a100.bench.speculative import expected_tokens
-from pyllm_a100.home import write_json_atomic
 from pyllm_a100.models.roofline import WeightsPerToken
 
 MULTITOKEN_TABLE = ("<!-- multitoken-table -->", "<!-- /multitoken-table -->")
