@@ -17,8 +17,8 @@ the native and the A100 dispatch, and what speculative decoding would make of it
   sizes (pyllm_a100/models/roofline.py): every non-expert byte once, and each routed expert that at least one of the
   k tokens is sent to, n (1 - (1 - u/n)^k) of n experts for u per token with independent uniform routing (the
   synthetic routers' random weights; real routing is correlated between neighbouring tokens and touches fewer).
-  At equal bandwidth use this is the least a k-token verify can cost against a step, unless its tokens share experts more
-  than independent routing does (trained routers on real text).
+  A k/1 far above it is a kernel paying per token what it could pay per expert; k/1 can come in a little under it, since
+  a one-token step also pays costs that do not grow with k (fourteenth run: 2.18x against 2.37x at k = 8, 256 experts).
 
 Rows of lab/results/gpu-multitoken*.json (rows(); these keys, experts and weights_read only where the run knew them):
   {model, layers, dispatch, verify: [{k, pin_ms, patched_ms}], batched: [{sequences, pin_tps, patched_tps}],
@@ -278,7 +278,7 @@ def _batched_table(main: Sequence[Mapping[str, Any]]) -> list[str]:
              "| --- | --- |" + " ---: |" * len(RENDER_NS)]
     for r in main:
         b = {x["sequences"]: x for x in r["batched"]}
-        for build in ("pin", "patched"):
+        for build in ROLES:
             lines.append(f"| {r['dispatch']} | {build} | " + " | ".join(_fmt((b.get(n) or {}).get(f"{build}_tps"), ".1f")
                                                                         for n in RENDER_NS) + " |")
     return lines
@@ -306,7 +306,7 @@ def render(data: Mapping[str, Any] | None) -> str:
              "| --- | --- | ---: |" + " ---: |" * len(RENDER_KS)]
     for r in main:
         v = {x["k"]: x for x in r["verify"]}
-        for build in ("pin", "patched"):
+        for build in ROLES:
             one = (v.get(1) or {}).get(f"{build}_ms")
             cells = _ratio_cells(v, build, RENDER_KS)
             lines.append(f"| {r['dispatch']} | {build} | {_fmt(one, '.2f')} | " + " | ".join(cells) + " |")
@@ -351,7 +351,7 @@ def render_shapes(data: Mapping[str, Any] | None) -> str:
             continue
         v = {x["k"]: x for x in r["verify"]}
         head = f"| {r['model']} | {r['layers']} | {r.get('experts', '-')} |"
-        for build in ("pin", "patched"):
+        for build in ROLES:
             one = (v.get(1) or {}).get(f"{build}_ms")
             if one is None:  # a run of one build only
                 continue

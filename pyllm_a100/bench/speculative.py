@@ -57,8 +57,8 @@ class VerifyCost:
     depth: int  # tokens already in the context
     decode_ms: float  # one decode step: llama-bench tg (N single-token forwards) / N, median of the repetitions
     # {"k", "ms" (one forward of k tokens), "ratio" (ms / decode_ms), "weights" (the weight bytes that forward must
-    # read / one token's with independent routing: models/roofline.py read_ratio, the least "ratio" can be at the
-    # same bandwidth unless the tokens share more experts than that)}
+    # read / one token's with independent routing: models/roofline.py read_ratio; "ratio" far above it is a kernel
+    # paying per token, a little under it the one-token step's fixed costs)}
     rows: list[dict[str, float]]
     argv: list[str]
     repetitions: int
