@@ -144,7 +144,10 @@ def run(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.C
 @pytest.mark.parametrize("args,message", [(["--k", "0-4"], "--k"), (["--k", "2-4"], "must include 1"),
                                           (["--columns", "pin@h100"], "DISPATCH one of"),
                                           (["--models", "v4-99l"], "choose from"), (["--npl", "0,1"], "--npl"),
-                                          (["--accept-lens", "9"], "accepted length 9")])
+                                          (["--accept-lens", "9"], "accepted length 9"),
+                                          (["--report-as", "cand=patched"], "ROLE=VALUE"),
+                                          (["--shapes-into", "/"], "--shapes-into"),
+                                          (["--shapes-into", "/no/such/folder/s.json"], "--shapes-into")])
 def test_bad_arguments_are_one_usage_error(args: list[str], message: str, tmp_path: Path) -> None:
     result = run("--work", str(tmp_path), *args, "report")
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
