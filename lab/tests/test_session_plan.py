@@ -16,7 +16,7 @@ from lab.tests import fakes
 REPO = Path(__file__).resolve().parents[2]
 SESSION = REPO / "lab" / "scripts" / "gpu-lab-session"
 STAGES = {"gpu-a100-check": {"ops", "soak", "tokens", "sanitizer", "report", "all"},
-          "gpu-multitoken": {"models", "warmup", "verify", "batched", "draft", "ncu", "report", "all"},
+          "gpu-multitoken": {"models", "warmup", "verify", "batched", "draft", "probe", "ncu", "report", "all"},
           "gpu-decode": {"build", "models", "ops", "bench", "batched", "ncu", "ncufull", "report", "all"}}
 
 
@@ -29,10 +29,21 @@ def queued(work: Path) -> list[list[str]]:
 def python_commands(job: list[str]) -> list[list[str]]:
     """The lab-script invocations inside one job (bash -c strings split at ; and &&, OUT=... assignments dropped)."""
     cmd = job[job.index("start") + 2:] if "start" in job else job[job.index("after") + 3:]
-    pieces = re.split(r";|&&", cmd[2]) if cmd[:2] == ["bash", "-c"] else [shlex.join(cmd)]
+    if cmd[:2] == ["bash", "-c"]:  # split at ; and && outside quotes (a --probe value holds ; in its quotes)
+        lex = shlex.shlex(cmd[2].replace("\\\n", " "), posix=True, punctuation_chars=";&")
+        lex.whitespace_split = True
+        pieces, words = [], []
+        for word in lex:
+            if word in (";", "&&"):
+                pieces.append(words)
+                words = []
+            else:
+                words.append(word)
+        pieces.append(words)
+    else:
+        pieces = [cmd]
     out = []
-    for piece in pieces:
-        words = shlex.split(piece.replace("\\\n", " "))
+    for words in pieces:
         while words and (re.fullmatch(r"[A-Z_]+=.*", words[0]) or words[0] in ("nice", "-n", "5")):
             words = words[1:]
         if words[:1] == ["python3"] and words[1].startswith("lab/"):
@@ -49,24 +60,27 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
         if job[1] == "after":
             assert set(job[3].split(",")) <= set(seen), f"{name} waits for {job[3]}, queued: {seen}"
         seen.append(name)
-    assert seen == ["bpatched", "models", "bcand", "mt", "ops", "tokens", "soak"]
+    assert seen == ["bpatched", "models", "bcand", "probe", "ops", "kld"]
     assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {
-        "bcand": "bpatched", "mt": "bcand,models", "ops": "mt", "tokens": "mt", "soak": "mt"}
+        "bcand": "bpatched", "probe": "bcand,models", "ops": "probe", "kld": "probe"}
     text = "\n".join(shlex.join(j) for j in jobs)
     candidates = sorted((REPO / "lab" / "patches-candidate").glob("*.patch"))
     bcand = next(j for j in jobs if j[2] == "bcand")
     assert candidates and bcand[bcand.index("--patches") + 1:] == [f"lab/patches-candidate/{c.name}" for c in candidates]
-    assert "--extend patched" in shlex.join(bcand) and "--models v4-4l-256,v4-4l --k 1,2,7,8" in text
-    assert "--batched-model v4-4l-256" in text and "gpu-ab-table" in text and "--prompt-lengths 8,100,300" in text
-    assert "--ub-values 43,64,128,170" in text  # 0039's ubatches: 43-170 tokens in chunks, through llama-server
+    assert "--extend patched" in shlex.join(bcand) and "--drafts dspark,mtp models" in text
+    probes = [c for j in jobs for c in python_commands(j) if c[-1] == "probe"]
+    assert [c[c.index("--columns") + 1] for c in probes] == ["patched,cand,patched@a100,cand@a100", "patched,patched@a100"]
+    variants = [dict(v.split("=", 1) for v in c[c.index("--probe") + 1].split(";")) for c in probes]
+    assert set(variants[0]) == {"plain", "dspark7"} and {"dspark7-bs", "dspark7-ng", "mtp7"} <= set(variants[1])
+    assert all("{dspark}" in v or "{mtp}" in v for p in variants for k, v in p.items() if k.startswith(("dspark", "mtp")))
+    assert "-ub 64 --chunks 24" in text and "--kl-divergence-base" in text  # 0039's KLD against 0001-0038
 
 
 def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> None:
     work = tmp_path / "w"
     env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
     calls = [c for job in queued(work) for c in python_commands(job)]
-    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-multitoken", "gpu-ab-table", "gpu-a100-check",
-                                                 "gpu-token-check"}
+    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-multitoken", "gpu-a100-check"}
     for call in calls:
         name, args = Path(call[0]).name, call[1:]
         if name == "gpu-build":
