@@ -358,17 +358,22 @@ def test_bench_speculate_measures_the_draft_and_picks_the_best_length(tiny_model
                        "--prompt-tokens", "16", "--gen-tokens", "24", "--repeat", "2", "--acceptance", "0.9", "--json")
     assert result.returncode == 0, result.stderr
     spec = json.loads(result.stdout)
-    assert spec["spec_type"] == "draft-dspark" and spec["per_step"] and spec["draft_ms"] >= 0
+    assert spec["spec_type"] == "draft-dspark" and spec["draft"]["fixed_ms"] >= 0 and spec["draft"]["per_token_ms"] >= 0
     assert [r["k"] for r in spec["verify"]["rows"]] == [1, 2, 3, 4]
-    assert spec["run"]["same_tokens"] and spec["run"]["drafted"] > 0
+    # served at two lengths (about half of --draft-max, then --draft-max): the cost per step and per drafted token
+    assert [r["draft_args"][r["draft_args"].index("--spec-draft-n-max") + 1] for r in spec["runs"]] == ["2", "3"]
+    assert spec["run"] == spec["runs"][-1] and [m["drafted"] for m in spec["draft"]["measured"]] == sorted(
+        r["drafted"] / r["steps"] for r in spec["runs"])
+    assert all(r["same_tokens"] and r["drafted"] > 0 for r in spec["runs"])
     sources = [c["source"] for c in spec["choices"]]
     assert sources == ["this run's prompts (random tokens)", "accepted length 2.5 at 7 drafted",
                        "accepted length 2.9 at 7 drafted", "acceptance 0.9 per token"]
     verify = {r["k"]: r["ms"] for r in spec["verify"]["rows"]}
     for c in spec["choices"]:
         assert [p["k"] for p in c["curve"]] == [0, 1, 2, 3]
-        for p in c["curve"][1:]:  # E(a, k) / (verify(k + 1) + the draft's cost per step)
-            want = expected_tokens(c["acceptance"], p["k"]) / (verify[p["k"] + 1] + spec["draft_ms"]) * 1000
+        for p in c["curve"][1:]:  # E(a, k) / (verify(k + 1) + the draft's cost of k tokens)
+            own = spec["draft"]["fixed_ms"] + p["k"] * spec["draft"]["per_token_ms"]
+            want = expected_tokens(c["acceptance"], p["k"]) / (verify[p["k"] + 1] + own) * 1000
             assert p["tokens_per_s"] == pytest.approx(want)
         best = max(c["curve"], key=lambda p: p["tokens_per_s"])
         assert c["best_k"] == best["k"] and c["tokens_per_s"] == best["tokens_per_s"]
@@ -386,12 +391,34 @@ def test_bench_speculate_measures_the_draft_and_picks_the_best_length(tiny_model
     assert all(w == pytest.approx(weights.read_ratio(k)) for k, w in floor.items())
 
 
+def test_a_draft_cost_is_the_line_through_two_lengths() -> None:
+    """Two draft lengths give a cost per step and per drafted token; noise that makes the longer draft cheaper puts it
+    all per step; one length (or two that drafted alike) falls back to the draft's kind."""
+    from pyllm_a100.bench.speculate import draft_cost, draft_lengths
+
+    cost = draft_cost([(7.0, 4.4), (2.9, 2.5)], per_step=True)  # the sixteenth GPU run's DSpark, natively
+    assert cost.per_token_ms == pytest.approx(1.9 / 4.1) and cost.fixed_ms == pytest.approx(4.4 - 7 * 1.9 / 4.1)
+    assert cost.ms(7) == pytest.approx(4.4) and cost.ms(3) == pytest.approx(2.5 + 0.1 * 1.9 / 4.1)
+    assert [m["drafted"] for m in cost.measured] == [2.9, 7.0]
+    flat = draft_cost([(3.0, 2.0), (7.0, 1.8)], per_step=False)  # the longer draft measured cheaper: noise
+    assert flat.per_token_ms == 0.0 and flat.fixed_ms == pytest.approx(1.9)
+    steep = draft_cost([(1.0, 0.5), (7.0, 7.5)], per_step=True)  # a line through 0 or below: nothing per step
+    assert steep.fixed_ms == pytest.approx(0.0) and steep.per_token_ms == pytest.approx(7.0 / 6.0)
+    assert draft_cost([(7.0, 4.2)], per_step=True).ms(3) == pytest.approx(4.2)  # DSpark measured at one length
+    assert draft_cost([(7.0, 7.0)], per_step=False).ms(3) == pytest.approx(3.0)  # MTP: per token
+    assert draft_cost([(6.6, 3.0), (6.7, 3.3)], per_step=False).per_token_ms == pytest.approx(3.15 / 6.7)
+    assert draft_cost([(6.8, 1.7), (6.8, 4.8)], per_step=True).fixed_ms == pytest.approx(3.25)  # a block of 8 caps both
+    assert draft_lengths(7) == [4, 7] and draft_lengths(3) == [2, 3] and draft_lengths(2) == [1, 2] and draft_lengths(1) == [1]
+
+
 def test_bench_speculate_prices_an_mtp_draft_per_token(tiny_models: dict[str, Path], draft_models: dict[str, Path]) -> None:
     result = run_pyllm("bench", "speculate", str(tiny_models["tiny-deepseek4"]), "--draft",
                        str(draft_models["tiny-deepseek4-mtp"]), "--draft-max", "2", "--depth", "16",
                        "--prompt-tokens", "16", "--gen-tokens", "16", "--repeat", "1", "--accept-len", "2")
     assert result.returncode == 0, result.stderr
-    assert "of its own per drafted token" in result.stdout and "same tokens as without: yes" in result.stdout
+    assert re.search(r"its own cost \d+\.\d{3} ms a step \+ \d+\.\d{3} ms per drafted token \(measured: "
+                     r"\d+\.\d{3} ms at \d\.\d and \d+\.\d{3} ms at \d\.\d drafted a step\)", result.stdout), result.stdout
+    assert "same tokens as without: yes" in result.stdout
     assert re.search(r"k=2 \d+\.\d\dx \((1\.\d\d)x\), k=3 \d+\.\d\dx \((1\.\d\d)x\)", result.stdout), result.stdout
     rows = [ln for ln in result.stdout.splitlines() if "accepted length 2 at 7 drafted" in ln]
     assert len(rows) == 1 and "x" in rows[0], result.stdout

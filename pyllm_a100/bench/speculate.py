@@ -3,11 +3,15 @@
 Three measurements of the user's model on the user's GPUs, one after the other:
 
 * the verify cost of k = 1 .. draft_max + 1 tokens per forward (llama-bench, speculative.verify_cost);
-* a draft run (llama-server without and with the draft, speculative.draft_run): the step with the draft, the tokens it
-  drafted and had accepted, and whether the greedy tokens stayed the same;
-* the draft's own cost, from those two: the step with it minus the step without it, minus the extra verify cost of the
-  tokens it drafted (speculative.draft_ms_per_step). A DSpark/DFlash draft proposes its block in one pass (a cost per
-  step, whatever k); an MTP block or a small model pays per drafted token.
+* draft runs (llama-server without the draft, then with it at two lengths: --draft-max and about half of it,
+  speculative.draft_runs): the step with the draft, the tokens it drafted and had accepted, and whether the greedy
+  tokens stayed the same;
+* the draft's own cost, from those: the step with it minus the step without it, minus the extra verify cost of the
+  tokens it drafted (speculative.draft_ms_per_step), at both lengths; a line through the two gives a cost per step
+  and a cost per drafted token (draft_cost). An MTP block or a small model drafts token by token; a DSpark/DFlash draft
+  proposes its block in one pass but still pays per position (on an H200 running the sm_80 code, DSpark's cost on the
+  4-layer DeepSeek-V4 grew ~0.5 ms per drafted token, from 2.5 ms at 3 to 4.4 ms at 7: its Markov chain and sampling
+  run once per position), so neither "per step" nor "per token" alone prices every length.
 
 Then, for each acceptance -- this run's own, an accepted length per step (default DSpark's published 2.5 and 2.9 at 7
 drafted tokens: vllm#51758, vllm#56797, vllm-ascend#13640), or a per-token rate -- the tokens/s each draft length k
@@ -29,7 +33,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from .speculative import DraftRun, VerifyCost, draft_ms_per_step, draft_run, expected_tokens, projection, verify_cost
+from .speculative import DraftRun, VerifyCost, draft_ms_per_step, draft_runs, expected_tokens, projection, verify_cost
 from .throughput import BenchError
 
 ACCEPT_LENS = (2.5, 2.9)  # DSpark's mean accepted tokens per step on real text, 7 drafted
@@ -72,27 +76,56 @@ class Choice:
 
 
 @dataclasses.dataclass
+class DraftCost:
+    """The draft's own cost of drafting k tokens: fixed_ms + k x per_token_ms (each >= 0)."""
+    fixed_ms: float  # per step, whatever k (launches, the inject pass, host work)
+    per_token_ms: float  # per drafted token (a position's forward, its sampling)
+    measured: list[dict[str, float]]  # [{"drafted", "own_ms"}] the runs it comes from
+
+    def ms(self, k: int) -> float:
+        return self.fixed_ms + k * self.per_token_ms
+
+
+def draft_cost(points: Sequence[tuple[float, float]], per_step: bool) -> DraftCost:
+    """(drafted per step, own ms) at one or two draft lengths -> a cost per step and per drafted token. Two lengths
+    that drafted differently: the line through them (a longer draft measured cheaper is noise: their mean, all of it
+    per step). One length (or two that drafted alike): all per step for a block draft (DSpark/DFlash), all per token
+    otherwise."""
+    pts = sorted(points)
+    measured = [{"drafted": d, "own_ms": ms} for d, ms in pts]
+    (d_lo, ms_lo), (d_hi, ms_hi) = pts[0], pts[-1]
+    if d_hi - d_lo >= 0.5:
+        if ms_hi < ms_lo:
+            return DraftCost(fixed_ms=(ms_lo + ms_hi) / 2, per_token_ms=0.0, measured=measured)
+        slope = (ms_hi - ms_lo) / (d_hi - d_lo)
+        return DraftCost(fixed_ms=max(0.0, ms_hi - slope * d_hi), per_token_ms=slope, measured=measured)
+    own = sum(ms for _, ms in pts) / len(pts)  # two lengths that drafted alike (a block shorter than both): one length
+    if per_step:
+        return DraftCost(fixed_ms=own, per_token_ms=0.0, measured=measured)
+    return DraftCost(fixed_ms=0.0, per_token_ms=own / max(d_hi, 1.0), measured=measured)
+
+
+@dataclasses.dataclass
 class Speculation:
     spec_type: str
     draft_args: list[str]
-    per_step: bool  # the draft's cost is per step (DSpark/DFlash), else per drafted token
-    draft_ms: float  # its own cost: per step, or per drafted token
-    drafted_per_step: float  # in the draft run
+    draft: DraftCost  # its own cost per step and per drafted token
+    drafted_per_step: float  # in the run at --draft-max
     plain_tps: float  # 1000 / the decode step of the verify run
     verify: VerifyCost
-    run: DraftRun
+    run: DraftRun  # at --draft-max
+    runs: list[DraftRun]  # every draft length measured (the shorter first)
     choices: list[Choice]
 
     def as_row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def choose(source: str, a: float, cost: VerifyCost, per_step: bool, draft_ms: float, draft_max: int) -> Choice:
+def choose(source: str, a: float, cost: VerifyCost, draft: DraftCost, draft_max: int) -> Choice:
     """The best draft length for acceptance a over the measured verify costs (speculative.projection's rows; k = 0:
     plain decoding)."""
     plain = 1000.0 / cost.decode_ms
-    rows = projection(cost, acceptances=(a,), draft_ms_per_token=0.0 if per_step else draft_ms,
-                      draft_ms_per_step=draft_ms if per_step else 0.0)
+    rows = projection(cost, acceptances=(a,), draft_ms_per_token=draft.per_token_ms, draft_ms_per_step=draft.fixed_ms)
     curve = [{"k": 0, "tokens_per_s": plain}]
     curve += [{"k": r["k"], "tokens_per_s": r["expected_tokens"] / r["step_ms"] * 1000.0} for r in rows if r["k"] <= draft_max]
     best = max(curve, key=lambda r: r["tokens_per_s"])
@@ -101,29 +134,39 @@ def choose(source: str, a: float, cost: VerifyCost, per_step: bool, draft_ms: fl
                   tokens_per_s=best["tokens_per_s"], speedup=best["tokens_per_s"] / plain, curve=curve)
 
 
+def draft_lengths(draft_max: int) -> list[int]:
+    """The draft lengths a speculate run serves: about half of --draft-max and --draft-max (1: only 1)."""
+    return sorted({max(1, (draft_max + 1) // 2), draft_max})
+
+
 def speculate(model: str, draft_spec: str, *, draft_max: int = DRAFT_MAX, accept_lens: Sequence[float] = ACCEPT_LENS,
               rates: Sequence[float] = (), depth: int = 512, prompt_tokens: int = 128, gen_tokens: int = 128,
               requests: int = 3, tensor_split: str | None = None) -> Speculation:
-    """Measure the verify costs and a draft run of ``draft_spec`` (a GGUF or ``auto``, as `pyllm serve --draft`) with
-    ``model``, then the best draft length per acceptance. Bad input raises BenchError or DraftError before any run."""
+    """Measure the verify costs and draft runs of ``draft_spec`` (a GGUF or ``auto``, as `pyllm serve --draft`) with
+    ``model`` at two draft lengths, then the best draft length per acceptance. Bad input raises BenchError or
+    DraftError before any run."""
     from ..models.drafts import resolve
     from ..models.gguf_files import resolve_model
 
     if not 1 <= draft_max <= 15:
         raise BenchError(f"--draft-max {draft_max}: draft 1 to 15 tokens a step (the verify forwards measured are k + 1 <= 16)")
     sources = acceptances(accept_lens, rates)  # checked before anything runs
-    draft = resolve(resolve_model(model), draft_spec, draft_max)
-    per_step = draft.spec_type in PER_STEP_TYPES
+    lengths = draft_lengths(draft_max)
+    drafts = [resolve(resolve_model(model), draft_spec, n) for n in lengths]
+    draft = drafts[-1]
     cost = verify_cost(model, list(range(1, draft_max + 2)), depth=depth, tensor_split=tensor_split)
-    run = draft_run(model, draft.argv(), prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, requests=requests,
-                    tensor_split=tensor_split)
-    drafted_per_step = run.drafted / run.steps if run.steps else 0.0
-    d = min(draft_max, max(1, round(drafted_per_step)))
-    own = draft_ms_per_step(run.overhead_ms, cost, d)
-    draft_ms = own if per_step else own / d
+    runs = draft_runs(model, [d.argv() for d in drafts], prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
+                      requests=requests, tensor_split=tensor_split)
+    points = []
+    for n, r in zip(lengths, runs):
+        drafted = r.drafted / r.steps if r.steps else 0.0
+        d = min(n, max(1, round(drafted)))
+        points.append((drafted, draft_ms_per_step(r.overhead_ms, cost, d)))
+    own = draft_cost(points, per_step=draft.spec_type in PER_STEP_TYPES)
+    run = runs[-1]
     if run.drafted:
         sources.insert(0, ("this run's prompts (random tokens)", run.acceptance))
-    choices = [choose(src, a, cost, per_step, draft_ms, draft_max) for src, a in sources]
-    return Speculation(spec_type=draft.spec_type, draft_args=draft.argv(), per_step=per_step, draft_ms=draft_ms,
-                       drafted_per_step=drafted_per_step, plain_tps=1000.0 / cost.decode_ms, verify=cost, run=run,
-                       choices=choices)
+    choices = [choose(src, a, cost, own, draft_max) for src, a in sources]
+    return Speculation(spec_type=draft.spec_type, draft_args=draft.argv(), draft=own,
+                       drafted_per_step=points[-1][0], plain_tps=1000.0 / cost.decode_ms, verify=cost, run=run,
+                       runs=runs, choices=choices)

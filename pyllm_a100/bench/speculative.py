@@ -160,40 +160,56 @@ def _series(url: str, prompts: list[list[int]], gen_tokens: int) -> list[tuple[d
 def draft_run(model: str | os.PathLike[str], draft_args: Sequence[str], *, prompt_tokens: int = 128, gen_tokens: int = 128,
               requests: int = 3, seed: int = 0, log_dir: Path | None = None, **server_options: Any) -> DraftRun:
     """The same prompts on the model served plainly, then with ``draft_args`` added to llama-server's argv."""
+    return draft_runs(model, [draft_args], prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, requests=requests,
+                      seed=seed, log_dir=log_dir, **server_options)[0]
+
+
+def draft_runs(model: str | os.PathLike[str], variants: Sequence[Sequence[str]], *, prompt_tokens: int = 128,
+               gen_tokens: int = 128, requests: int = 3, seed: int = 0, log_dir: Path | None = None,
+               **server_options: Any) -> list[DraftRun]:
+    """The same prompts on the model served plainly (once), then once per entry of ``variants`` (llama-server
+    arguments added to its argv, e.g. one draft at two lengths): one DraftRun per variant, each against the plain run."""
     from ..serve.server import Server
 
-    if not draft_args:
+    if not variants or not all(variants):
         raise BenchError("--spec-args: give the draft's llama-server arguments, e.g. '-md draft.gguf --spec-type draft-simple'")
     extra = list(server_options.pop("extra_args", ()))
+    ready_timeout = server_options.pop("ready_timeout", 3600)
     ctx = max(4096, prompt_tokens + gen_tokens + 256)
-    results: dict[str, list[tuple[dict, list[int]]]] = {}
+    results: list[list[tuple[dict, list[int]]]] = []
     prompts: list[list[int]] = []
-    for side, args in (("plain", extra), ("draft", extra + list(draft_args))):
-        log_path = log_dir / f"spec-{side}.log" if log_dir else None
+    for i, args in enumerate([extra] + [extra + list(v) for v in variants]):
+        name = "spec-plain.log" if not i else "spec-draft.log" if len(variants) == 1 else f"spec-draft-{i}.log"
+        log_path = log_dir / name if log_dir else None
         with Server(model, port=0, ctx_size=ctx, parallel=1, extra_args=args, log_path=log_path,
-                    ready_timeout=server_options.pop("ready_timeout", 3600), **server_options) as srv:
+                    ready_timeout=ready_timeout, **server_options) as srv:
             if not prompts:
                 with httpx.Client() as client:
                     n_vocab = _vocab_size(client, srv.base_url)
                 rng = random.Random(seed)
                 prompts = [[rng.randrange(10, max(11, n_vocab - 1)) for _ in range(prompt_tokens)] for _ in range(requests)]
-            results[side] = _series(srv.base_url, prompts, gen_tokens)
-    plain, draft = [t for t, _ in results["plain"]], [t for t, _ in results["draft"]]
-    drafted = sum(int(t.get("draft_n", 0)) for t in draft)
-    accepted = sum(int(t.get("draft_n_accepted", 0)) for t in draft)
-    steps = sum(max(1, int(t.get("predicted_n", 0)) - int(t.get("draft_n_accepted", 0)) - 1) for t in draft)
+            results.append(_series(srv.base_url, prompts, gen_tokens))
+    plain_runs = results[0]
+    plain = [t for t, _ in plain_runs]
     plain_tokens = sum(max(1, int(t.get("predicted_n", 0)) - 1) for t in plain)
     plain_step = sum(float(t.get("predicted_ms", 0.0)) for t in plain) / plain_tokens
-    draft_step = sum(float(t.get("predicted_ms", 0.0)) for t in draft) / steps
-    return DraftRun(
-        requests=requests, draft_args=list(draft_args),
-        plain_decode_tps=statistics.median(float(t.get("predicted_per_second", 0.0)) for t in plain),
-        draft_decode_tps=statistics.median(float(t.get("predicted_per_second", 0.0)) for t in draft),
-        drafted=drafted, accepted=accepted, acceptance=accepted / drafted if drafted else 0.0, steps=steps,
-        plain_step_ms=plain_step, draft_step_ms=draft_step, overhead_ms=draft_step - plain_step,
-        same_tokens=all(a == b for (_, a), (_, b) in zip(results["plain"], results["draft"])),
-        first_difference=[next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-                          for (_, a), (_, b) in zip(results["plain"], results["draft"])])
+    out = []
+    for draft_args, draft_runs_ in zip(variants, results[1:]):
+        draft = [t for t, _ in draft_runs_]
+        drafted = sum(int(t.get("draft_n", 0)) for t in draft)
+        accepted = sum(int(t.get("draft_n_accepted", 0)) for t in draft)
+        steps = sum(max(1, int(t.get("predicted_n", 0)) - int(t.get("draft_n_accepted", 0)) - 1) for t in draft)
+        draft_step = sum(float(t.get("predicted_ms", 0.0)) for t in draft) / steps
+        out.append(DraftRun(
+            requests=requests, draft_args=list(draft_args),
+            plain_decode_tps=statistics.median(float(t.get("predicted_per_second", 0.0)) for t in plain),
+            draft_decode_tps=statistics.median(float(t.get("predicted_per_second", 0.0)) for t in draft),
+            drafted=drafted, accepted=accepted, acceptance=accepted / drafted if drafted else 0.0, steps=steps,
+            plain_step_ms=plain_step, draft_step_ms=draft_step, overhead_ms=draft_step - plain_step,
+            same_tokens=all(a == b for (_, a), (_, b) in zip(plain_runs, draft_runs_)),
+            first_difference=[next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+                              for (_, a), (_, b) in zip(plain_runs, draft_runs_)]))
+    return out
 
 
 # --- projection ---------------------------------------------------------------------------

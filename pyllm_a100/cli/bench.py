@@ -232,7 +232,8 @@ def _floats(text: str, option: str) -> list[float]:
 def speculate_cmd(
     model: ModelArg,
     draft: Annotated[str, typer.Option(help=_serve_help("draft"))],
-    draft_max: Annotated[int, typer.Option(help="Longest draft to consider (verify forwards of up to this + 1 tokens are timed).")] = 7,
+    draft_max: Annotated[int, typer.Option(help="Longest draft to consider (verify forwards of up to this + 1 tokens are timed; the draft is served at "
+                                               "this and at about half of it, to price a drafted token).")] = 7,
     accept_len: Annotated[str, typer.Option(help="Mean tokens a step yields with 7 drafted, comma-separated "
                                                  "(DSpark on real text: 2.5-2.9, the default; '' for none).")] = "2.5,2.9",
     acceptance: Annotated[str, typer.Option(help="Per-token acceptance rates to project too, e.g. 0.6,0.7.")] = "",
@@ -256,10 +257,13 @@ def speculate_cmd(
     print(f"verify: one forward of k tokens at depth {cost.depth} against one decode step ({cost.decode_ms:.3f} ms), "
           "and (in brackets) the weights it must read against one token's: "
           + ", ".join(f"k={r['k']} {r['ratio']:.2f}x ({r['weights']:.2f}x)" for r in cost.rows if r["k"] > 1))
-    unit = "per step (its block in one pass)" if spec.per_step else "per drafted token"
-    print(f"draft ({spec.spec_type}, {' '.join(spec.draft_args)}): {spec.draft_ms:.3f} ms of its own {unit}; "
+    d = spec.draft
+    at = " and ".join(f"{m['own_ms']:.3f} ms at {m['drafted']:.1f}" for m in d.measured)
+    same = all(r.same_tokens for r in spec.runs)
+    print(f"draft ({spec.spec_type}, {' '.join(spec.draft_args)}): its own cost {d.fixed_ms:.3f} ms a step + "
+          f"{d.per_token_ms:.3f} ms per drafted token (measured: {at} drafted a step); "
           f"{spec.drafted_per_step:.1f} drafted per step, {run.accepted} of {run.drafted} accepted on this run's prompts; "
-          f"same tokens as without: {'yes' if run.same_tokens else 'NO (see docs/speculative.md)'}")
+          f"same tokens as without: {'yes' if same else 'NO (see docs/speculative.md)'}")
     if not spec.choices:
         print(f"plain decoding: {spec.plain_tps:.1f} tokens/s; the draft proposed nothing on this run's prompts: give "
               "--accept-len or --acceptance to project what it would give")
