@@ -60,14 +60,19 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
         if job[1] == "after":
             assert set(job[3].split(",")) <= set(seen), f"{name} waits for {job[3]}, queued: {seen}"
         seen.append(name)
-    assert seen == ["bpatched", "models", "probe"]
-    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"probe": "bpatched,models"}
+    assert seen == ["bpatched", "models", "bcand", "probe"]
+    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"bcand": "bpatched", "probe": "bcand,models"}
     text = "\n".join(shlex.join(j) for j in jobs)
+    candidates = sorted((REPO / "lab" / "patches-candidate").glob("*.patch"))
+    bcand = next(j for j in jobs if j[2] == "bcand")
+    assert candidates and bcand[bcand.index("--patches") + 1:] == [f"lab/patches-candidate/{c.name}" for c in candidates]
     assert "--write v4-4l --drafts dspark,mtp models" in text and "--models v4-4l --k 1-8 verify" in text
     probes = [c for j in jobs for c in python_commands(j) if c[-1] == "probe"]
-    assert [c[c.index("--columns") + 1] for c in probes] == ["patched,patched@a100"]
-    variants = dict(v.split("=", 1) for v in probes[0][probes[0].index("--probe") + 1].split(";"))
-    assert {"plain", "dspark1", "dspark3", "dspark7", "dspark7-nbs", "dspark7-ng", "plain-ng", "mtp7"} <= set(variants)
+    assert [c[c.index("--columns") + 1] for c in probes] == ["patched,cand,patched@a100,cand@a100", "patched,patched@a100"]
+    ab, split = (dict(v.split("=", 1) for v in c[c.index("--probe") + 1].split(";")) for c in probes)
+    assert set(ab) == {"plain", "dspark1", "dspark3", "dspark7"}
+    assert {"dspark3-nbs", "dspark7-nbs", "dspark7-ng", "plain-ng", "mtp3", "mtp7"} == set(split)
+    variants = {**ab, **split}
     assert all("{dspark}" in v for k, v in variants.items() if k.startswith("dspark"))
     assert all("--no-spec-draft-backend-sampling" in v for k, v in variants.items() if k.endswith("-nbs"))
     assert variants["dspark7"].endswith("--spec-draft-n-max 7") and variants["dspark3"].endswith("--spec-draft-n-max 3")
