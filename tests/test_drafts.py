@@ -221,6 +221,18 @@ def test_a_small_model_of_the_same_vocabulary_drafts_exactly(tiny_models: dict[s
     assert result["draft_n"] > 0
 
 
+def test_a_draft_on_a_model_that_restores_checkpoints_keeps_greedy_tokens(tiny_models: dict[str, Path]) -> None:
+    """A recurrent model cannot drop rejected tokens in place: llama-server restores a checkpoint and the sampler's copy
+    on every partly rejected draft (the path patch 0040 keeps the copy for). A random tiny-llama drafting for tiny-mamba
+    is rejected at almost every step, so every step goes through it; the tokens stay those without a draft."""
+    from pyllm_a100.bench.spec_check import compare
+
+    result = compare(tiny_models["tiny-mamba"], tiny_models["tiny-llama"], n_predict=32, draft_max=4, ready_timeout=300)
+    assert result["spec_type"] == "draft-simple" and result["draft_n"] > 0
+    assert result["draft_n_accepted"] < result["draft_n"]  # rejections: restores happened
+    assert result["equal"], f"tokens part at {result['first_difference']}"
+
+
 def test_auto_finds_the_sidecar_beside_the_model(tiny_models: dict[str, Path], draft_models: dict[str, Path], tmp_path: Path) -> None:
     from pyllm_a100.models.drafts import resolve
     from pyllm_a100.models.gguf_files import resolve_model
