@@ -315,3 +315,29 @@ def test_merged_shapes_replace_rows_of_the_same_file_and_keep_each_runs_fields()
     assert merged["runs"]["t14"]["commands"]["stages"]["verify"] == "fourteenth" and merged["started"] == "t14"
     again = mt.merge_shapes(merged, dict(run, started="t15"))
     assert set(again["runs"]) == {"t13", "t14", "t15"} and "runs" not in again["runs"]["t15"]
+
+
+def test_probe_serves_each_variant_and_compares_the_greedy_tokens(tmp_path: Path) -> None:
+    """The probe stage over the real CPU build of this checkout's llama-server (the installed package's): the tiny
+    DeepSeek-V4 as the draft target and its DSpark draft; a variant's KEY=VALUE words go to the server's environment,
+    not its argv (else llama-server would refuse the word and the variant would record an error)."""
+    from pyllm_a100.build.native import native_dir
+    from pyllm_a100.synth import synthesize
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "patched-bin").symlink_to(native_dir())
+    synthesize("tiny-deepseek4", work / "v4-4l.gguf", seed=42)
+    synthesize("tiny-deepseek4-dspark", work / "v4-4l-dspark.gguf", seed=42)
+    dspark = "--spec-draft-model {dspark} --spec-type draft-dspark --spec-draft-p-min 0 --spec-draft-n-max"
+    probe = f"plain=;plain-env=GGML_CUDA_DISABLE_GRAPHS=1;dspark3={dspark} 3;dspark7={dspark} 7"
+    env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
+    result = run("--work", str(work), "--columns", "patched", "--draft-tokens", "24", "--draft-requests", "1",
+                 "--probe", probe, "probe", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads((work / "mt" / "probe.json").read_text())
+    col = data["columns"]["patched"]
+    assert list(col) == ["plain", "plain-env", "dspark3", "dspark7"] and not any("error" in v for v in col.values()), col
+    assert col["plain"]["drafted"] == 0 and 0 < col["dspark3"]["drafted_per_step"] < col["dspark7"]["drafted_per_step"] <= 7
+    assert data["tokens_equal"] and len({v["tokens_sha1"] for v in col.values()}) == 1  # the CPU: exact in every variant
+    assert "probe: greedy tokens equal in every variant and column: True" in result.stdout
