@@ -152,8 +152,8 @@ def speculate(model: str, draft_spec: str, *, draft_max: int = DRAFT_MAX, accept
         raise BenchError(f"--draft-max {draft_max}: draft 1 to 15 tokens a step (the verify forwards measured are k + 1 <= 16)")
     sources = acceptances(accept_lens, rates)  # checked before anything runs
     lengths = draft_lengths(draft_max)
-    drafts = [resolve(resolve_model(model), draft_spec, n) for n in lengths]
-    draft = drafts[-1]
+    draft = resolve(resolve_model(model), draft_spec, draft_max)
+    drafts = [dataclasses.replace(draft, n_max=n) for n in lengths]
     cost = verify_cost(model, list(range(1, draft_max + 2)), depth=depth, tensor_split=tensor_split)
     runs = draft_runs(model, [d.argv() for d in drafts], prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
                       requests=requests, tensor_split=tensor_split)
