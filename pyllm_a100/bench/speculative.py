@@ -193,6 +193,7 @@ def draft_runs(model: str | os.PathLike[str], variants: Sequence[Sequence[str]],
     plain = [t for t, _ in plain_runs]
     plain_tokens = sum(max(1, int(t.get("predicted_n", 0)) - 1) for t in plain)
     plain_step = sum(float(t.get("predicted_ms", 0.0)) for t in plain) / plain_tokens
+    plain_tps = statistics.median(float(t.get("predicted_per_second", 0.0)) for t in plain)
     out = []
     for draft_args, draft_runs_ in zip(variants, results[1:]):
         draft = [t for t, _ in draft_runs_]
@@ -202,7 +203,7 @@ def draft_runs(model: str | os.PathLike[str], variants: Sequence[Sequence[str]],
         draft_step = sum(float(t.get("predicted_ms", 0.0)) for t in draft) / steps
         out.append(DraftRun(
             requests=requests, draft_args=list(draft_args),
-            plain_decode_tps=statistics.median(float(t.get("predicted_per_second", 0.0)) for t in plain),
+            plain_decode_tps=plain_tps,
             draft_decode_tps=statistics.median(float(t.get("predicted_per_second", 0.0)) for t in draft),
             drafted=drafted, accepted=accepted, acceptance=accepted / drafted if drafted else 0.0, steps=steps,
             plain_step_ms=plain_step, draft_step_ms=draft_step, overhead_ms=draft_step - plain_step,
