@@ -71,11 +71,13 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
     assert [c[c.index("--columns") + 1] for c in probes] == ["patched,cand,patched@a100,cand@a100", "patched,patched@a100"]
     ab, split = (dict(v.split("=", 1) for v in c[c.index("--probe") + 1].split(";")) for c in probes)
     assert set(ab) == {"plain", "dspark1", "dspark3", "dspark7"}
-    assert {"dspark3-nbs", "dspark7-nbs", "dspark7-ng", "plain-ng", "mtp3", "mtp7"} == set(split)
+    assert {"dspark3-nbs", "dspark7-nbs", "dspark7-ng", "plain-ng", "mtp3", "mtp7", "dspark7-trace", "plain-trace"} == set(split)
     variants = {**ab, **split}
     assert all("{dspark}" in v for k, v in variants.items() if k.startswith("dspark"))
     assert all("--no-spec-draft-backend-sampling" in v for k, v in variants.items() if k.endswith("-nbs"))
-    assert variants["dspark7"].endswith("--spec-draft-n-max 7") and variants["dspark3"].endswith("--spec-draft-n-max 3")
+    assert "--spec-draft-n-max 7 " in variants["dspark7"] and "--spec-draft-n-max 3 " in variants["dspark3"]
+    assert all("-lv 4" in v for v in variants.values())  # the statistics line (the draft call's time) in every log
+    assert all(v.startswith("LLAMA_TRACE=1 ") for k, v in variants.items() if k.endswith("-trace"))
 
 
 def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> None:
