@@ -120,7 +120,8 @@ def step_ms(timings: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     steps = sum(max(1, int(t.get("predicted_n", 0)) - int(t.get("draft_n_accepted", 0)) - 1) for t in ts)
     ms = sum(float(t.get("predicted_ms", 0.0)) for t in ts)
     return {"step_ms": ms / steps if steps else math.nan, "steps": steps, "tokens": predicted, "drafted": drafted,
-            "accepted": accepted, "drafted_per_step": drafted / steps if steps else 0.0}
+            "accepted": accepted, "drafted_per_step": drafted / steps if steps else 0.0,
+            "tokens_per_s": predicted / ms * 1000 if ms else math.nan}
 
 
 def draft_cost(plain_step: float, draft_step: float, verify: Mapping[int, float], drafted_per_step: float) -> float | None:

@@ -26,8 +26,9 @@ def greedy(base_url: str, prompt: str | list[int], n_predict: int, api_key: str 
            timeout: float = 600) -> tuple[list[int], dict[str, Any]]:
     """Token ids and timings of one temperature-0 completion (EOS ignored, so every run has ``n_predict`` tokens)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    # a fixed seed: a server measuring with synthetic acceptance (--spec-synth-len) accepts the same drafts every run
     body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "top_k": 1, "return_tokens": True,
-            "ignore_eos": True, "cache_prompt": False}
+            "ignore_eos": True, "cache_prompt": False, "seed": 42}
     r = httpx.post(f"{base_url}/completion", json=body, headers=headers, timeout=timeout)
     r.raise_for_status()
     data = r.json()
