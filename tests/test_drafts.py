@@ -391,6 +391,15 @@ def test_bench_speculate_measures_the_draft_and_picks_the_best_length(tiny_model
         assert c["best_k"] == best["k"] and c["tokens_per_s"] == best["tokens_per_s"]
         assert c["speedup"] == pytest.approx(c["tokens_per_s"] / spec["plain_tps"])
     assert spec["choices"][0]["acceptance"] == pytest.approx(spec["run"]["accepted"] / spec["run"]["drafted"])
+    # each given acceptance whose best k drafts was served there with that acceptance made synthetic; this run's own
+    # acceptance was measured as it is, and a plain-decoding choice has nothing to serve
+    for c in spec["choices"]:
+        if c["best_k"] and c["source"] != sources[0]:
+            m = c["measured"]
+            assert m["k"] == c["best_k"] and m["synth_len"] == pytest.approx(expected_tokens(c["acceptance"], c["best_k"]), abs=1e-5)
+            assert m["tokens_per_s"] > 0 and m["speedup"] == pytest.approx(m["tokens_per_s"] / m["plain_tokens_per_s"])
+        else:
+            assert c["measured"] is None
     assert expected_tokens(spec["choices"][1]["acceptance"], 7) == pytest.approx(2.5)
     assert spec["choices"][2]["acceptance"] == pytest.approx(acceptance_for(2.9))
     # the weights each verify width must read, from the model's own header: 1 at k = 1, growing with the experts reached
@@ -401,6 +410,30 @@ def test_bench_speculate_measures_the_draft_and_picks_the_best_length(tiny_model
     floor = {r["k"]: r["weights"] for r in spec["verify"]["rows"]}
     assert floor[1] == pytest.approx(1.0) and floor[4] > floor[2] > 1.0
     assert all(w == pytest.approx(weights.read_ratio(k)) for k, w in floor.items())
+
+
+def test_a_choice_is_measured_at_its_acceptance_made_synthetic(tiny_models: dict[str, Path],
+                                                               draft_models: dict[str, Path]) -> None:
+    """The projection's best k served with llama-server's synthetic acceptance (--spec-synth-len E(a, k)): the random
+    DSpark draft, which the target accepts nowhere on its own, yields about E(a, k) tokens a step there."""
+    from pyllm_a100.bench.speculate import Choice, measure_choices, synthetic_args
+    from pyllm_a100.bench.speculative import expected_tokens
+    from pyllm_a100.models.drafts import resolve
+    from pyllm_a100.models.gguf_files import resolve_model
+
+    model = str(tiny_models["tiny-deepseek4"])
+    draft = resolve(resolve_model(model), str(draft_models["tiny-deepseek4-dspark"]), 3)
+    choice = lambda a, k: Choice(source=f"a={a}", acceptance=a, best_k=k, tokens_per_step=expected_tokens(a, k),
+                                 tokens_per_s=0.0, speedup=0.0, curve=[])
+    high, low, plain = choice(0.9, 2), choice(0.3, 3), choice(0.9, 0)
+    assert synthetic_args(0.9, 2) == ["--spec-synth-len", f"{1 + 0.9 + 0.81:.6f}"]
+    measure_choices(model, draft, [high, low, plain], prompt_tokens=16, gen_tokens=32, requests=2, tensor_split=None)
+    assert plain.measured is None
+    for c, (lo, hi) in ((high, (2.2, 3.0)), (low, (1.1, 1.8))):  # E = 2.71 and 1.417 (the request's seed is fixed)
+        m = c.measured
+        assert m["k"] == c.best_k and m["synth_len"] == pytest.approx(expected_tokens(c.acceptance, c.best_k), abs=1e-5)
+        assert lo < m["tokens_per_step"] < hi, m
+        assert m["tokens_per_s"] > 0 and m["plain_tokens_per_s"] > 0
 
 
 def test_a_draft_cost_is_the_line_through_two_lengths() -> None:

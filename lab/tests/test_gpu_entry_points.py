@@ -287,6 +287,16 @@ def test_gpu_build_extend_rebuilds_a_finished_build_with_one_more_patch(tmp_path
     assert res["extends"] == "first" and res["patches"] == ["0000-none.patch", "0001-two.patch"]
     refused = script("gpu-build", "third", *common, "--extend", "first", "--sass90", env=env)
     assert refused.returncode == 2 and "leave out -D and --sass90" in refused.stderr
+    # a chain: extending an extended build builds in the folder the chain shares (the eighteenth run's ctl failed on
+    # "build-second is not a directory" before this was fixed)
+    (patches / "0002-three.patch").write_text(
+        "--- a/hello.c\n+++ b/hello.c\n@@ -1,2 +1,2 @@\n #include <stdio.h>\n"
+        '-int main(void) { puts("two"); return 0; }\n+int main(void) { puts("three"); return 0; }\n')
+    third = script("gpu-build", "third", *common, "--extend", "second", "--patches", str(patches / "0002-three.patch"), env=env)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert (run("first"), run("second"), run("third")) == ("one\n", "two\n", "three\n")
+    assert json.loads((work / "results" / "build-third.json").read_text())["patches"] == [
+        "0000-none.patch", "0001-two.patch", "0002-three.patch"]
 
 
 def test_gguf_keep_layers_keeps_the_first_blocks_and_every_other_tensor(tiny_models: dict[str, Path], tmp_path: Path) -> None:

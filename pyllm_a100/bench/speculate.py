@@ -17,6 +17,13 @@ Then, for each acceptance -- this run's own, an accepted length per step (defaul
 drafted tokens: vllm#51758, vllm#56797, vllm-ascend#13640), or a per-token rate -- the tokens/s each draft length k
 would give, E(a, k) / (T_verify(k + 1) + T_draft(k)), and the best k (or none: plain decoding wins).
 
+Then each given acceptance's best draft length is served once more with that acceptance made synthetic, beside a
+plain run of the same prompts (measure_choices): llama-server's benchmarking mode (--spec-synth-len E(a, k)) accepts
+each drafted token with probability a, whatever the target says, so the step pays everything a real acceptance costs
+(the longer verify's sampling, the accepted rows the draft takes in, the server's host work) and the tokens/s it gives
+are measured, not projected. On an H200 running the sm_80 code the 43-layer DeepSeek-V4 with its DSpark draft at 2.5
+measured 1.22-1.29x plain where the projection said up to 1.55x (lab/notes/gpu-report.md, eighteenth run).
+
 The acceptance this run measures comes from its own prompts (random token ids): a real draft on real text accepts far
 more, which is why the published lengths are the default.
 
@@ -73,6 +80,9 @@ class Choice:
     tokens_per_s: float
     speedup: float  # over plain decoding on the same measurements
     curve: list[dict[str, float]]  # {"k", "tokens_per_s"} for every k measured
+    # the best k served at this acceptance (llama-server's synthetic acceptance, --spec-synth-len): {"k", "synth_len",
+    # "tokens_per_s", "plain_tokens_per_s", "speedup", "tokens_per_step"}; None when not measured
+    measured: dict[str, float] | None = None
 
 
 @dataclasses.dataclass
@@ -139,11 +149,36 @@ def draft_lengths(draft_max: int) -> list[int]:
     return sorted({max(1, (draft_max + 1) // 2), draft_max})
 
 
+def synthetic_args(a: float, k: int) -> list[str]:
+    """llama-server arguments that accept each of k drafted tokens with probability a, in order, whatever the target
+    says (its benchmarking mode: the mean accepted length E(a, k), target token included, the same model as
+    expected_tokens). The tokens such a server returns are not the model's output."""
+    return ["--spec-synth-len", f"{min(expected_tokens(a, k), k + 1.0):.6f}"]
+
+
+def measure_choices(model: str, draft: Any, choices: Sequence[Choice], *, prompt_tokens: int, gen_tokens: int,
+                    requests: int, tensor_split: str | None) -> None:
+    """Serve the draft at each choice's best k with its acceptance made synthetic, beside a plain run of the same
+    prompts, and record the tokens/s measured on each choice (Choice.measured)."""
+    todo = [c for c in choices if c.best_k > 0]
+    if not todo:
+        return
+    variants = [dataclasses.replace(draft, n_max=c.best_k).argv() + synthetic_args(c.acceptance, c.best_k) for c in todo]
+    runs = draft_runs(model, variants, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, requests=requests,
+                      tensor_split=tensor_split)
+    for c, r in zip(todo, runs):
+        c.measured = {"k": c.best_k, "synth_len": float(synthetic_args(c.acceptance, c.best_k)[1]),
+                      "tokens_per_s": r.draft_decode_tps, "plain_tokens_per_s": r.plain_decode_tps,
+                      "speedup": r.draft_decode_tps / r.plain_decode_tps if r.plain_decode_tps else 0.0,
+                      "tokens_per_step": (r.accepted + r.steps) / r.steps if r.steps else 0.0}
+
+
 def speculate(model: str, draft_spec: str, *, draft_max: int = DRAFT_MAX, accept_lens: Sequence[float] = ACCEPT_LENS,
               rates: Sequence[float] = (), depth: int = 512, prompt_tokens: int = 128, gen_tokens: int = 128,
-              requests: int = 3, tensor_split: str | None = None) -> Speculation:
+              requests: int = 3, tensor_split: str | None = None, measure: bool = True) -> Speculation:
     """Measure the verify costs and draft runs of ``draft_spec`` (a GGUF or ``auto``, as `pyllm serve --draft`) with
-    ``model`` at two draft lengths, then the best draft length per acceptance. Bad input raises BenchError or
+    ``model`` at two draft lengths, then the best draft length per acceptance; ``measure``: then serve each given
+    acceptance's best length with that acceptance made synthetic (measure_choices). Bad input raises BenchError or
     DraftError before any run."""
     from ..models.drafts import resolve
     from ..models.gguf_files import resolve_model
@@ -167,6 +202,10 @@ def speculate(model: str, draft_spec: str, *, draft_max: int = DRAFT_MAX, accept
     if run.drafted:
         sources.insert(0, ("this run's prompts (random tokens)", run.acceptance))
     choices = [choose(src, a, cost, own, draft_max) for src, a in sources]
+    if measure:  # the given acceptances (this run's own was measured as it is)
+        given = choices[1:] if run.drafted else choices
+        measure_choices(model, draft, given, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, requests=requests,
+                        tensor_split=tensor_split)
     return Speculation(spec_type=draft.spec_type, draft_args=draft.argv(), draft=own,
                        drafted_per_step=points[-1][0], plain_tps=1000.0 / cost.decode_ms, verify=cost, run=run,
                        runs=runs, choices=choices)

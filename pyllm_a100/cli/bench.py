@@ -242,6 +242,10 @@ def speculate_cmd(
     gen_tokens: GenTokens = 128,
     repeat: Repeat = 3,
     tensor_split: TensorSplit = None,
+    measure: Annotated[bool, typer.Option(help="Then serve each acceptance's best draft length with that acceptance made "
+                                               "synthetic (llama-server --spec-synth-len) beside a plain run, and print "
+                                               "the tokens/s measured next to the projection (two more server starts "
+                                               "and one per acceptance).")] = True,
     as_json: JsonFlag = False,
 ) -> None:
     """What a draft will give here: its cost, the verify cost per k, the best draft length and tokens/s per acceptance."""
@@ -249,7 +253,7 @@ def speculate_cmd(
 
     spec = speculate.speculate(model, draft, draft_max=draft_max, accept_lens=_floats(accept_len, "--accept-len"),
                                rates=_floats(acceptance, "--acceptance"), depth=depth, prompt_tokens=prompt_tokens,
-                               gen_tokens=gen_tokens, requests=repeat, tensor_split=tensor_split)
+                               gen_tokens=gen_tokens, requests=repeat, tensor_split=tensor_split, measure=measure)
     if as_json:
         print(json.dumps(spec.as_row(), indent=2))
         return
@@ -268,10 +272,16 @@ def speculate_cmd(
         print(f"plain decoding: {spec.plain_tps:.1f} tokens/s; the draft proposed nothing on this run's prompts: give "
               "--accept-len or --acceptance to project what it would give")
         return
-    print_table(f"plain decoding: {spec.plain_tps:.1f} tokens/s; with the draft, at the best draft length",
-                ["acceptance from", "a per token", "best k", "tokens per step", "tokens/s", "x plain"],
+    def measured(c: speculate.Choice) -> list[str]:
+        m = c.measured
+        return [f"{m['tokens_per_s']:.1f}", f"{m['speedup']:.2f}x"] if m else ["-", "-"]
+
+    print_table(f"plain decoding: {spec.plain_tps:.1f} tokens/s; with the draft, at the best draft length (projected from "
+                "the costs above; measured: served at that length with that acceptance made synthetic, beside a plain run)",
+                ["acceptance from", "a per token", "best k", "tokens per step", "tokens/s", "x plain", "measured tokens/s",
+                 "measured x plain"],
                 [[c.source, f"{c.acceptance:.3f}", str(c.best_k) if c.best_k else "0 (no draft)", f"{c.tokens_per_step:.2f}",
-                  f"{c.tokens_per_s:.1f}", f"{c.speedup:.2f}x"] for c in spec.choices])
+                  f"{c.tokens_per_s:.1f}", f"{c.speedup:.2f}x", *measured(c)] for c in spec.choices])
 
 
 @bench_app.command("profile")
