@@ -60,34 +60,31 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
         if job[1] == "after":
             assert set(job[3].split(",")) <= set(seen), f"{name} waits for {job[3]}, queued: {seen}"
         seen.append(name)
-    assert seen == ["bpatched", "models", "bcand", "bctl", "probe"]
-    # --extend works in place: the timeline build must extend the candidate, after it, never beside it
-    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"bcand": "bpatched", "bctl": "bcand", "probe": "bctl,models"}
+    assert seen == ["bpatched", "models", "bprobe", "probe"]
+    # --extend works in place: the probe build comes after everything that builds patched, the timing after it
+    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"bprobe": "bpatched", "probe": "bprobe,models"}
     text = "\n".join(shlex.join(j) for j in jobs)
-    candidates = sorted((REPO / "lab" / "patches-candidate").glob("*.patch"))
-    bcand = next(j for j in jobs if j[2] == "bcand")
-    assert candidates and bcand[bcand.index("--patches") + 1:] == [f"lab/patches-candidate/{c.name}" for c in candidates]
-    bctl = next(j for j in jobs if j[2] == "bctl")
-    assert bctl[bctl.index("--extend") + 1] == "cand" and bctl[bctl.index("--patches") + 1:] == [
-        "lab/patches-probe/step-timeline.patch"]
-    assert (REPO / "lab" / "patches-probe" / "step-timeline.patch").is_file()
-    assert "--write v4-4l --drafts dspark,mtp models" in text and "--draft-target v4-43l --write v4-43l" in text
-    assert "--models v4-4l --k 1-8 verify" in text
-    probes = [c for j in jobs for c in python_commands(j) if c[-1] == "probe"]
-    assert [c[c.index("--columns") + 1] for c in probes] == [
-        "patched,cand,patched@a100,cand@a100", "ctl,ctl@a100", "cand,cand@a100"]
-    assert probes[2][probes[2].index("--draft-target") + 1] == "v4-43l"
-    ab, tl, deep = (dict(v.split("=", 1) for v in c[c.index("--probe") + 1].split(";")) for c in probes)
-    assert set(ab) == {"plain", "dspark3", "dspark7", "dspark7-s25"}
-    assert set(tl) == {"plain", "dspark7", "dspark7-s25"}
-    assert set(deep) == {"plain", "dspark3-s25", "dspark7-s25", "mtp3-s25"}
-    variants = [(k, v) for d in (ab, tl, deep) for k, v in d.items()]
-    assert all("{dspark}" in v for k, v in variants if k.startswith("dspark"))
-    assert all("{mtp}" in v for k, v in variants if k.startswith("mtp"))
-    assert all("--spec-synth-len 2.5" in v for k, v in variants if k.endswith("-s25"))
-    assert not any("--spec-synth-len" in v for k, v in variants if not k.endswith("-s25"))
-    assert "--spec-draft-n-max 7 " in ab["dspark7"] and "--spec-draft-n-max 3 " in ab["dspark3"]
-    assert all("-lv 4" in v for _, v in variants)  # the statistics line (the draft call's time) in every log
+    bprobe = next(j for j in jobs if j[2] == "bprobe")
+    probes = bprobe[bprobe.index("--patches") + 1:]
+    assert bprobe[bprobe.index("--extend") + 1] == "patched" and probes == [
+        "lab/patches-probe/step-timeline.patch", "lab/patches-probe/cuda-counters.patch"]
+    assert all((REPO / p).is_file() for p in probes)
+    assert "--draft-target v4-43l --write v4-43l --drafts dspark,mtp models" in text
+    runs = [c for j in jobs for c in python_commands(j) if c[-1] == "probe"]
+    assert [c[c.index("--columns") + 1] for c in runs] == ["patched", "probe", "probe@a100"]
+    assert all(c[c.index("--draft-target") + 1] == "v4-43l" for c in runs)
+    lengths, phases, a100 = (dict(v.split("=", 1) for v in c[c.index("--probe") + 1].split(";")) for c in runs)
+    assert set(lengths) == {"plain"} | {f"dspark{k}-s25" for k in (1, 2, 3, 4, 5, 7)}
+    assert set(phases) == set(lengths) | {"plain-ng", "dspark3-s25-ng", "dspark5-s25-ng"}
+    assert set(a100) == {"plain", "dspark3-s25", "dspark5-s25"}
+    variants = [(k, v) for d in (lengths, phases, a100) for k, v in d.items()]
+    for k, v in variants:
+        assert "-lv 4" in v  # the statistics line (the draft call's time) in every log
+        assert ("--spec-synth-len 2.5" in v) == ("-s25" in k)
+        assert v.startswith("GGML_CUDA_DISABLE_GRAPHS=1 ") == k.endswith("-ng")
+        if k.startswith("dspark"):
+            n = int(k[len("dspark"):].split("-")[0])
+            assert "{dspark}" in v and f"--spec-draft-n-max {n} " in v
 
 
 def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> None:
