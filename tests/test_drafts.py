@@ -434,6 +434,11 @@ def test_a_choice_is_measured_at_its_acceptance_made_synthetic(tiny_models: dict
         assert m["k"] == c.best_k and m["synth_len"] == pytest.approx(expected_tokens(c.acceptance, c.best_k), abs=1e-5)
         assert lo < m["tokens_per_step"] < hi, m
         assert m["tokens_per_s"] > 0 and m["plain_tokens_per_s"] > 0
+    # a run the server refuses (a length past the draft's block of 8, which bench speculate itself never asks for)
+    # leaves the projection unchecked, with the server's reason, instead of losing the whole benchmark
+    beyond = choice(0.99, 12)
+    measure_choices(model, draft, [beyond], prompt_tokens=8, gen_tokens=8, requests=1, tensor_split=None)
+    assert "synthetic acceptance length must be finite and within [1, 9]" in beyond.measured["error"]
 
 
 def test_a_draft_cost_is_the_line_through_two_lengths() -> None:
@@ -474,6 +479,7 @@ def test_bench_speculate_prices_an_mtp_draft_per_token(tiny_models: dict[str, Pa
     (["--accept-len", "2.5,x"], "--accept-len '2.5,x': give numbers separated by commas"),
     (["--acceptance", "1.5"], "--acceptance 1.5: a per-token acceptance is between 0 and 1"),
     (["--draft-max", "0"], "--draft-max 0: draft 1 to 15 tokens a step"),
+    (["--draft-max", "12"], "--draft-max 12: this draft-dspark draft proposes at most 8 tokens a step (its trained block)"),
     (["--depth", "-1"], "--depth -1: give the tokens already in the context, 0 or more"),
 ])
 def test_bench_speculate_refuses_bad_input_in_one_line(tiny_models: dict[str, Path], draft_models: dict[str, Path],

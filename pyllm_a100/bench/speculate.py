@@ -40,6 +40,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import ServerError
 from .speculative import DraftRun, VerifyCost, draft_ms_per_step, draft_runs, expected_tokens, projection, verify_cost
 from .throughput import BenchError
 
@@ -81,7 +82,8 @@ class Choice:
     speedup: float  # over plain decoding on the same measurements
     curve: list[dict[str, float]]  # {"k", "tokens_per_s"} for every k measured
     # the best k served at this acceptance (llama-server's synthetic acceptance, --spec-synth-len): {"k", "synth_len",
-    # "tokens_per_s", "plain_tokens_per_s", "speedup", "tokens_per_step"}; None when not measured
+    # "tokens_per_s", "plain_tokens_per_s", "speedup", "tokens_per_step"}, or {"error"} when the run failed; None when
+    # not measured
     measured: dict[str, float] | None = None
 
 
@@ -156,6 +158,13 @@ def synthetic_args(a: float, k: int) -> list[str]:
     return ["--spec-synth-len", f"{min(expected_tokens(a, k), k + 1.0):.6f}"]
 
 
+def _first_error(message: str) -> str:
+    """A failed server's reason: its first error-level log line (ServerError quotes the log's tail, lines joined by
+    ' | '), else the message's first line."""
+    errors = [seg.split(" E ", 1)[1].strip() for seg in message.split(" | ") if " E " in seg]
+    return (errors[0] if errors else message.splitlines()[0] if message else "unknown")[:300]
+
+
 def measure_choices(model: str, draft: Any, choices: Sequence[Choice], *, prompt_tokens: int, gen_tokens: int,
                     requests: int, tensor_split: str | None) -> None:
     """Serve the draft at each choice's best k with its acceptance made synthetic, beside a plain run of the same
@@ -164,8 +173,13 @@ def measure_choices(model: str, draft: Any, choices: Sequence[Choice], *, prompt
     if not todo:
         return
     variants = [dataclasses.replace(draft, n_max=c.best_k).argv() + synthetic_args(c.acceptance, c.best_k) for c in todo]
-    runs = draft_runs(model, variants, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, requests=requests,
-                      tensor_split=tensor_split)
+    try:
+        runs = draft_runs(model, variants, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, requests=requests,
+                          tensor_split=tensor_split)
+    except (ServerError, BenchError) as exc:  # the projection stands; say why it was not checked
+        for c in todo:
+            c.measured = {"error": _first_error(str(exc))}
+        return
     for c, r in zip(todo, runs):
         c.measured = {"k": c.best_k, "synth_len": float(synthetic_args(c.acceptance, c.best_k)[1]),
                       "tokens_per_s": r.draft_decode_tps, "plain_tokens_per_s": r.plain_decode_tps,
@@ -188,6 +202,9 @@ def speculate(model: str, draft_spec: str, *, draft_max: int = DRAFT_MAX, accept
     sources = acceptances(accept_lens, rates)  # checked before anything runs
     lengths = draft_lengths(draft_max)
     draft = resolve(resolve_model(model), draft_spec, draft_max)
+    if draft.longest is not None and draft_max > draft.longest:
+        raise BenchError(f"--draft-max {draft_max}: this {draft.spec_type} draft proposes at most {draft.longest} tokens a "
+                         f"step (its trained block): give --draft-max {draft.longest} or less")
     drafts = [dataclasses.replace(draft, n_max=n) for n in lengths]
     cost = verify_cost(model, list(range(1, draft_max + 2)), depth=depth, tensor_split=tensor_split)
     runs = draft_runs(model, [d.argv() for d in drafts], prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,

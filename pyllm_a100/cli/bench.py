@@ -274,6 +274,8 @@ def speculate_cmd(
         return
     def measured(c: speculate.Choice) -> list[str]:
         m = c.measured
+        if m and "error" in m:
+            return ["not run", "-"]
         return [f"{m['tokens_per_s']:.1f}", f"{m['speedup']:.2f}x"] if m else ["-", "-"]
 
     print_table(f"plain decoding: {spec.plain_tps:.1f} tokens/s; with the draft, at the best draft length (projected from "
@@ -282,6 +284,9 @@ def speculate_cmd(
                  "measured x plain"],
                 [[c.source, f"{c.acceptance:.3f}", str(c.best_k) if c.best_k else "0 (no draft)", f"{c.tokens_per_step:.2f}",
                   f"{c.tokens_per_s:.1f}", f"{c.speedup:.2f}x", *measured(c)] for c in spec.choices])
+    failed = next((c.measured["error"] for c in spec.choices if c.measured and "error" in c.measured), None)
+    if failed:
+        print(f"measured: not run ({failed}); the projection stands unchecked")
 
 
 @bench_app.command("profile")

@@ -52,6 +52,17 @@ class Draft:
             argv += ["--spec-draft-n-max", str(self.n_max)]
         return argv
 
+    @property
+    def longest(self) -> int | None:
+        """The most tokens this draft proposes a step, where the draft itself bounds it: a DFlash/DSpark head drafts
+        within its trained block (llama.cpp clamps --spec-draft-n-max to it); None for drafts without such a bound."""
+        if self.files is None or self.files.architecture != "dflash":
+            return None
+        meta = self.files.metadata
+        block = int(meta.get("dflash.block_size") or 16)  # llama.cpp's default when the key is absent
+        anchor = str(meta.get("dflash.sample_from_anchor", "true")).lower() not in ("false", "0")
+        return block if self.spec_type == "draft-dspark" and anchor else block - 1
+
     def describe(self) -> dict[str, object]:
         """What `pyllm ps` and the state file show."""
         return {"path": str(self.files.first) if self.files else "(the model's own MTP block)",
