@@ -38,11 +38,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ServerError
 from .speculative import DraftRun, VerifyCost, draft_ms_per_step, draft_runs, expected_tokens, projection, verify_cost
 from .throughput import BenchError
+
+if TYPE_CHECKING:
+    from ..models.drafts import Draft
 
 ACCEPT_LENS = (2.5, 2.9)  # DSpark's mean accepted tokens per step on real text, 7 drafted
 K_REF = 7  # drafted tokens per step at which an accepted length is quoted (DSpark's block of 8)
@@ -84,7 +87,7 @@ class Choice:
     # the best k served at this acceptance (llama-server's synthetic acceptance, --spec-synth-len): {"k", "synth_len",
     # "tokens_per_s", "plain_tokens_per_s", "speedup", "tokens_per_step"}, or {"error"} when the run failed; None when
     # not measured
-    measured: dict[str, float] | None = None
+    measured: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -165,14 +168,15 @@ def _first_error(message: str) -> str:
     return (errors[0] if errors else message.splitlines()[0] if message else "unknown")[:300]
 
 
-def measure_choices(model: str, draft: Any, choices: Sequence[Choice], *, prompt_tokens: int, gen_tokens: int,
+def measure_choices(model: str, draft: Draft, choices: Sequence[Choice], *, prompt_tokens: int, gen_tokens: int,
                     requests: int, tensor_split: str | None) -> None:
     """Serve the draft at each choice's best k with its acceptance made synthetic, beside a plain run of the same
     prompts, and record the tokens/s measured on each choice (Choice.measured)."""
     todo = [c for c in choices if c.best_k > 0]
     if not todo:
         return
-    variants = [dataclasses.replace(draft, n_max=c.best_k).argv() + synthetic_args(c.acceptance, c.best_k) for c in todo]
+    synthetic = [synthetic_args(c.acceptance, c.best_k) for c in todo]
+    variants = [dataclasses.replace(draft, n_max=c.best_k).argv() + args for c, args in zip(todo, synthetic)]
     try:
         runs = draft_runs(model, variants, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, requests=requests,
                           tensor_split=tensor_split)
@@ -180,8 +184,8 @@ def measure_choices(model: str, draft: Any, choices: Sequence[Choice], *, prompt
         for c in todo:
             c.measured = {"error": _first_error(str(exc))}
         return
-    for c, r in zip(todo, runs):
-        c.measured = {"k": c.best_k, "synth_len": float(synthetic_args(c.acceptance, c.best_k)[1]),
+    for c, r, args in zip(todo, runs, synthetic):
+        c.measured = {"k": c.best_k, "synth_len": float(args[1]),
                       "tokens_per_s": r.draft_decode_tps, "plain_tokens_per_s": r.plain_decode_tps,
                       "speedup": r.draft_decode_tps / r.plain_decode_tps if r.plain_decode_tps else 0.0,
                       "tokens_per_step": (r.accepted + r.steps) / r.steps if r.steps else 0.0}

@@ -244,8 +244,8 @@ def speculate_cmd(
     tensor_split: TensorSplit = None,
     measure: Annotated[bool, typer.Option(help="Then serve each acceptance's best draft length with that acceptance made "
                                                "synthetic (llama-server --spec-synth-len) beside a plain run, and print "
-                                               "the tokens/s measured next to the projection (two more server starts "
-                                               "and one per acceptance).")] = True,
+                                               "the tokens/s measured next to the projection (one more plain server "
+                                               "start and one per acceptance).")] = True,
     as_json: JsonFlag = False,
 ) -> None:
     """What a draft will give here: its cost, the verify cost per k, the best draft length and tokens/s per acceptance."""
