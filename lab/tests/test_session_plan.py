@@ -60,24 +60,27 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
         if job[1] == "after":
             assert set(job[3].split(",")) <= set(seen), f"{name} waits for {job[3]}, queued: {seen}"
         seen.append(name)
-    assert seen == ["bpatched", "models", "bprobe", "probe"]
-    # --extend works in place: the probe build comes after everything that builds patched, the timing after it
-    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"bprobe": "bpatched", "probe": "bprobe,models"}
+    assert seen == ["bpatched", "models", "bcand", "bprobe", "probe"]
+    # --extend works in place: a chain patched -> cand -> probe, the timing after all of it
+    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"bcand": "bpatched", "bprobe": "bcand", "probe": "bprobe,models"}
     text = "\n".join(shlex.join(j) for j in jobs)
+    candidates = sorted((REPO / "lab" / "patches-candidate").glob("*.patch"))
+    bcand = next(j for j in jobs if j[2] == "bcand")
+    assert candidates and bcand[bcand.index("--patches") + 1:] == [f"lab/patches-candidate/{c.name}" for c in candidates]
     bprobe = next(j for j in jobs if j[2] == "bprobe")
     probes = bprobe[bprobe.index("--patches") + 1:]
-    assert bprobe[bprobe.index("--extend") + 1] == "patched" and probes == [
+    assert bprobe[bprobe.index("--extend") + 1] == "cand" and probes == [
         "lab/patches-probe/step-timeline.patch", "lab/patches-probe/cuda-counters.patch"]
     assert all((REPO / p).is_file() for p in probes)
     assert "--draft-target v4-43l --write v4-43l --drafts dspark,mtp models" in text
     runs = [c for j in jobs for c in python_commands(j) if c[-1] == "probe"]
-    assert [c[c.index("--columns") + 1] for c in runs] == ["patched", "probe", "probe@a100"]
+    assert [c[c.index("--columns") + 1] for c in runs] == ["patched,cand", "patched@a100,cand@a100", "probe"]
     assert all(c[c.index("--draft-target") + 1] == "v4-43l" for c in runs)
-    lengths, phases, a100 = (dict(v.split("=", 1) for v in c[c.index("--probe") + 1].split(";")) for c in runs)
+    lengths, a100, phases = (dict(v.split("=", 1) for v in c[c.index("--probe") + 1].split(";")) for c in runs)
     assert set(lengths) == {"plain"} | {f"dspark{k}-s25" for k in (1, 2, 3, 4, 5, 7)}
-    assert set(phases) == set(lengths) | {"plain-ng", "dspark3-s25-ng", "dspark5-s25-ng"}
     assert set(a100) == {"plain", "dspark3-s25", "dspark5-s25"}
-    variants = [(k, v) for d in (lengths, phases, a100) for k, v in d.items()]
+    assert set(phases) == set(a100) | {"dspark7-s25", "plain-ng", "dspark3-s25-ng", "dspark5-s25-ng"}
+    variants = [(k, v) for d in (lengths, a100, phases) for k, v in d.items()]
     for k, v in variants:
         assert "-lv 4" in v  # the statistics line (the draft call's time) in every log
         assert ("--spec-synth-len 2.5" in v) == ("-s25" in k)
