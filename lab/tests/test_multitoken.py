@@ -340,4 +340,8 @@ def test_probe_serves_each_variant_and_compares_the_greedy_tokens(tmp_path: Path
     assert list(col) == ["plain", "plain-env", "dspark3", "dspark7"] and not any("error" in v for v in col.values()), col
     assert col["plain"]["drafted"] == 0 and 0 < col["dspark3"]["drafted_per_step"] < col["dspark7"]["drafted_per_step"] <= 7
     assert data["tokens_equal"] and len({v["tokens_sha1"] for v in col.values()}) == 1  # the CPU: exact in every variant
+    # the server's count of reused decode graphs, cumulative per request (warm-up + 1 request here): plain decoding
+    # reuses nearly every step's graph
+    assert all(len(v["graphs_reused"]) == 2 for v in col.values()), col
+    assert col["plain"]["graphs_reused"][-1] - col["plain"]["graphs_reused"][0] >= 20, col["plain"]
     assert "probe: greedy tokens equal in every variant and column: True" in result.stdout
