@@ -154,11 +154,16 @@ def draft_lengths(draft_max: int) -> list[int]:
     return sorted({max(1, (draft_max + 1) // 2), draft_max})
 
 
+def synthetic_len(a: float, k: int) -> float:
+    """The mean accepted length, target token included, of k drafted tokens each accepted with probability a."""
+    return float(f"{min(expected_tokens(a, k), k + 1.0):.6f}")  # as llama-server reads it back
+
+
 def synthetic_args(a: float, k: int) -> list[str]:
     """llama-server arguments that accept each of k drafted tokens with probability a, in order, whatever the target
     says (its benchmarking mode: the mean accepted length E(a, k), target token included, the same model as
     expected_tokens). The tokens such a server returns are not the model's output."""
-    return ["--spec-synth-len", f"{min(expected_tokens(a, k), k + 1.0):.6f}"]
+    return ["--spec-synth-len", f"{synthetic_len(a, k):.6f}"]
 
 
 def _first_error(message: str) -> str:
@@ -175,8 +180,7 @@ def measure_choices(model: str, draft: Draft, choices: Sequence[Choice], *, prom
     todo = [c for c in choices if c.best_k > 0]
     if not todo:
         return
-    synthetic = [synthetic_args(c.acceptance, c.best_k) for c in todo]
-    variants = [dataclasses.replace(draft, n_max=c.best_k).argv() + args for c, args in zip(todo, synthetic)]
+    variants = [dataclasses.replace(draft, n_max=c.best_k).argv() + synthetic_args(c.acceptance, c.best_k) for c in todo]
     try:
         runs = draft_runs(model, variants, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, requests=requests,
                           tensor_split=tensor_split)
@@ -184,11 +188,11 @@ def measure_choices(model: str, draft: Draft, choices: Sequence[Choice], *, prom
         for c in todo:
             c.measured = {"error": _first_error(str(exc))}
         return
-    for c, r, args in zip(todo, runs, synthetic):
-        c.measured = {"k": c.best_k, "synth_len": float(args[1]),
+    for c, r in zip(todo, runs):
+        c.measured = {"k": c.best_k, "synth_len": synthetic_len(c.acceptance, c.best_k),
                       "tokens_per_s": r.draft_decode_tps, "plain_tokens_per_s": r.plain_decode_tps,
                       "speedup": r.draft_decode_tps / r.plain_decode_tps if r.plain_decode_tps else 0.0,
-                      "tokens_per_step": (r.accepted + r.steps) / r.steps if r.steps else 0.0}
+                      "tokens_per_step": r.tokens_per_step}
 
 
 def speculate(model: str, draft_spec: str, *, draft_max: int = DRAFT_MAX, accept_lens: Sequence[float] = ACCEPT_LENS,
@@ -215,7 +219,7 @@ def speculate(model: str, draft_spec: str, *, draft_max: int = DRAFT_MAX, accept
                       requests=requests, tensor_split=tensor_split)
     points = []
     for n, r in zip(lengths, runs):
-        drafted = r.drafted / r.steps if r.steps else 0.0
+        drafted = r.drafted_per_step
         d = min(n, max(1, round(drafted)))
         points.append((drafted, draft_ms_per_step(r.overhead_ms, cost, d)))
     own = draft_cost(points, per_step=draft.spec_type in PER_STEP_TYPES)

@@ -136,6 +136,15 @@ class DraftRun:
     same_tokens: bool  # temperature 0: the same token ids, up to batch-dependent rounding (docs/speculative.md)
     first_difference: list[int | None]  # per request: the first token index where the two runs part (None: equal)
 
+    @property
+    def drafted_per_step(self) -> float:
+        return self.drafted / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens a step yields: the accepted drafted tokens and the target's own."""
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
     def as_row(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
