@@ -158,7 +158,8 @@ def resolve(model: ModelFiles, spec: str | os.PathLike[str], n_max: int | None =
     if n_max is not None and not 1 <= n_max <= 64:
         raise DraftError(f"--draft-max {n_max}: give the number of tokens drafted per step, 1 to 64 (DSpark drafts 7)")
     if not text.strip():
-        raise DraftError("--draft '': give a draft GGUF file, or auto for the one `pyllm fetch --draft` put beside the model")
+        raise DraftError(f"--draft {text!r}: give a draft GGUF file, or auto for the one `pyllm fetch --draft` put beside "
+                         "the model")
     if text == AUTO:
         found = sidecars(model)
         if len(found) > 1:
