@@ -60,9 +60,10 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
         if job[1] == "after":
             assert set(job[3].split(",")) <= set(seen), f"{name} waits for {job[3]}, queued: {seen}"
         seen.append(name)
-    assert seen == ["bpatched", "models", "bcand", "bprobe", "probe"]
+    assert seen == ["bpatched", "models", "bcand", "bprobe", "probe", "soak"]
     # --extend works in place: a chain patched -> cand -> probe, the timing after all of it
-    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"bcand": "bpatched", "bprobe": "bcand", "probe": "bprobe,models"}
+    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"bcand": "bpatched", "bprobe": "bcand", "probe": "bprobe,models",
+                                                          "soak": "probe"}
     text = "\n".join(shlex.join(j) for j in jobs)
     candidates = sorted((REPO / "lab" / "patches-candidate").glob("*.patch"))
     bcand = next(j for j in jobs if j[2] == "bcand")
@@ -94,7 +95,7 @@ def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> N
     work = tmp_path / "w"
     env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
     calls = [c for job in queued(work) for c in python_commands(job)]
-    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-multitoken"}
+    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-multitoken", "gpu-draft-soak"}
     for call in calls:
         name, args = Path(call[0]).name, call[1:]
         if name == "gpu-build":
@@ -105,6 +106,8 @@ def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> N
                 args = args[:-1]
             args = [*args, "report"]
             want = None  # any code but argparse's 2 (the report of nothing may say it failed)
+        elif name == "gpu-draft-soak":  # past parsing: no llama-server in the (missing) work folder
+            want = 1
         elif name in ("gpu-ab-table", "gpu-token-check"):  # past parsing: no stage files in the (missing) folder
             want = 2
         else:  # gpu-kld: past parsing it finds no binaries in the (empty) work folder
@@ -119,6 +122,8 @@ def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> N
             assert result.returncode == want, (call, result.stdout[-1000:], result.stderr[-1000:])
         if name == "gpu-kld":
             assert "no executable" in result.stderr
+        if name == "gpu-draft-soak":
+            assert "cand-bin/llama-server is missing" in result.stderr
 
 
 def test_prepare_carry_documents_itself_and_refuses_unknown_arguments() -> None:
