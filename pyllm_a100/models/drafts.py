@@ -26,6 +26,13 @@ from .gguf_files import ModelFiles, resolve_model
 
 AUTO = "auto"
 SPEC_TYPES = ("draft-simple", "draft-mtp", "draft-dspark", "draft-dflash")
+# Tokens a DSpark/DFlash/MTP draft proposes a step when --draft-max is not given. Measured (lab/notes/gpu-report.md,
+# nineteenth run: the 43-layer DeepSeek-V4 at DSpark's published mean accepted length 2.5, one GPU): 2 drafted 1.30x
+# plain decoding, 3: 1.26x, 4: 1.10x, 5: 1.04x, 7 (the trained block, llama-server's own default): 0.78x. A MoE
+# verify reads more experts with every token it checks, so drafting the whole block costs more than it wins; 3 keeps
+# most of the gain at 2.5 and more of it at higher acceptance. A small-model draft (draft-simple) keeps llama-server's
+# default (up to 16 tokens, stopped early below its confidence threshold). `pyllm bench speculate` finds your best.
+DEFAULT_MAX = 3
 
 
 class DraftError(ModelError, ValueError):
@@ -62,6 +69,13 @@ class Draft:
         block = int(meta.get("dflash.block_size") or 16)  # llama.cpp's default when the key is absent
         anchor = str(meta.get("dflash.sample_from_anchor", "true")).lower() not in ("false", "0")
         return block if self.spec_type == "draft-dspark" and anchor else block - 1
+
+    def with_default_max(self) -> Draft:
+        """This draft with ``n_max`` set to :data:`DEFAULT_MAX` (within its block) when none was given; a
+        draft-simple draft keeps llama-server's own default."""
+        if self.n_max is not None or self.spec_type == "draft-simple":
+            return self
+        return dataclasses.replace(self, n_max=min(DEFAULT_MAX, self.longest or DEFAULT_MAX))
 
     def describe(self) -> dict[str, object]:
         """What `pyllm ps` and the state file show."""

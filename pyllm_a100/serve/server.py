@@ -246,7 +246,7 @@ def make_config(
     if draft is not None:
         from ..models.drafts import resolve as resolve_draft
 
-        spec = resolve_draft(files, draft, draft_max)
+        spec = resolve_draft(files, draft, draft_max).with_default_max()
     # 3. the machine: RPC workers, devices, then the address
     if port is None or port == 0:
         port = free_port(host if is_loopback(host) else "0.0.0.0")
