@@ -60,42 +60,42 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
         if job[1] == "after":
             assert set(job[3].split(",")) <= set(seen), f"{name} waits for {job[3]}, queued: {seen}"
         seen.append(name)
-    assert seen == ["bpatched", "models", "bcand", "bprobe", "probe", "soak"]
-    # --extend works in place: a chain patched -> cand -> probe, the timing after all of it
-    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"bcand": "bpatched", "bprobe": "bcand", "probe": "bprobe,models",
-                                                          "soak": "probe"}
+    assert seen == ["bpatched", "models", "bprobe", "probe"]
+    # --extend works in place: a chain patched -> probe, the timing after all of it
+    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"bprobe": "bpatched", "probe": "bprobe,models"}
     text = "\n".join(shlex.join(j) for j in jobs)
-    candidates = sorted((REPO / "lab" / "patches-candidate").glob("*.patch"))
-    bcand = next(j for j in jobs if j[2] == "bcand")
-    assert candidates and bcand[bcand.index("--patches") + 1:] == [f"lab/patches-candidate/{c.name}" for c in candidates]
+    assert not sorted((REPO / "lab" / "patches-candidate").glob("*.patch"))  # none waiting: the plan builds none
     bprobe = next(j for j in jobs if j[2] == "bprobe")
     probes = bprobe[bprobe.index("--patches") + 1:]
-    assert bprobe[bprobe.index("--extend") + 1] == "cand" and probes == [
-        "lab/patches-probe/step-timeline.patch", "lab/patches-probe/cuda-counters.patch"]
+    assert bprobe[bprobe.index("--extend") + 1] == "patched" and probes == [
+        "lab/patches-probe/step-timeline.patch", "lab/patches-probe/cuda-counters.patch", "lab/patches-probe/decode-phases.patch"]
     assert all((REPO / p).is_file() for p in probes)
     assert "--draft-target v4-43l --write v4-43l --drafts dspark,mtp models" in text
     runs = [c for j in jobs for c in python_commands(j) if c[-1] == "probe"]
-    assert [c[c.index("--columns") + 1] for c in runs] == ["patched,cand", "patched@a100,cand@a100", "probe"]
+    assert [c[c.index("--columns") + 1] for c in runs] == ["patched", "patched@a100", "probe"]
     assert all(c[c.index("--draft-target") + 1] == "v4-43l" for c in runs)
     lengths, a100, phases = (dict(v.split("=", 1) for v in c[c.index("--probe") + 1].split(";")) for c in runs)
-    assert set(lengths) == {"plain"} | {f"dspark{k}-s25" for k in (1, 2, 3, 4, 5, 7)}
-    assert set(a100) == {"plain", "dspark3-s25", "dspark5-s25"}
-    assert set(phases) == set(a100) | {"dspark7-s25", "plain-ng", "dspark3-s25-ng", "dspark5-s25-ng"}
+    assert set(lengths) == {"plain"} | {f"{d}{k}-s{a}" for d in ("dspark", "mtp") for k in (2, 3, 4) for a in (25, 29)}
+    assert set(a100) == {"plain"} | {f"{d}{k}-s25" for d in ("dspark", "mtp") for k in (2, 3)}
+    assert set(phases) == {"plain", "dspark3-s25", "dspark5-s25", "mtp3-s25"}
     variants = [(k, v) for d in (lengths, a100, phases) for k, v in d.items()]
     for k, v in variants:
-        assert "-lv 4" in v  # the statistics line (the draft call's time) in every log
-        assert ("--spec-synth-len 2.5" in v) == ("-s25" in k)
-        assert v.startswith("GGML_CUDA_DISABLE_GRAPHS=1 ") == k.endswith("-ng")
-        if k.startswith("dspark"):
-            n = int(k[len("dspark"):].split("-")[0])
-            assert "{dspark}" in v and f"--spec-draft-n-max {n} " in v
+        assert "-lv 4" in v  # the statistics line (the draft call's time) and the probes' lines in every log
+        if k != "plain":
+            kind, rest = ("dspark", k[6:]) if k.startswith("dspark") else ("mtp", k[3:])
+            n, accept = rest.split("-s")
+            assert f"{{{kind}}}" in v and f"--spec-type draft-{kind} " in v and f"--spec-draft-n-max {n} " in v
+            assert f"--spec-synth-len {accept[0]}.{accept[1]} " in v
+            assert float(f"{accept[0]}.{accept[1]}") <= int(n) + 1  # llama-server refuses a mean longer than a step
+        else:
+            assert "--spec" not in v
 
 
 def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> None:
     work = tmp_path / "w"
     env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
     calls = [c for job in queued(work) for c in python_commands(job)]
-    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-multitoken", "gpu-draft-soak"}
+    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-multitoken"}
     for call in calls:
         name, args = Path(call[0]).name, call[1:]
         if name == "gpu-build":
