@@ -27,12 +27,13 @@ from .gguf_files import ModelFiles, resolve_model
 AUTO = "auto"
 SPEC_TYPES = ("draft-simple", "draft-mtp", "draft-dspark", "draft-dflash")
 # Tokens a DSpark/DFlash/MTP draft proposes a step when --draft-max is not given. Measured (lab/notes/gpu-report.md,
-# nineteenth run: the 43-layer DeepSeek-V4 at DSpark's published mean accepted length 2.5, one GPU): 2 drafted 1.30x
-# plain decoding, 3: 1.26x, 4: 1.10x, 5: 1.04x, 7 (the trained block, llama-server's own default): 0.78x. A MoE
-# verify reads more experts with every token it checks, so drafting the whole block costs more than it wins; 3 keeps
-# most of the gain at 2.5 and more of it at higher acceptance. A small-model draft (draft-simple) keeps llama-server's
-# default (up to 16 tokens, stopped early below its confidence threshold). `pyllm bench speculate` finds your best.
-DEFAULT_MAX = 3
+# nineteenth and twentieth runs: the 43-layer DeepSeek-V4, one GPU, at DSpark's published mean accepted lengths 2.5
+# and 2.9 made synthetic): DSpark 2 drafted 1.23-1.35x plain decoding, 3: 1.18-1.31x, 4: 1.09-1.17x, 7 (the trained
+# block, llama-server's own default): 0.78x; MTP 2 > 3 > 4 alike; under the A100 dispatch too (DSpark 2: 1.36x, 3:
+# 1.20x). A MoE verify reads more experts with every token it checks, so a longer draft costs more than it wins at
+# these acceptances. A small-model draft (draft-simple) keeps llama-server's default (up to 16 tokens, stopped early
+# below its confidence threshold). `pyllm bench speculate` finds the best length for your model, text and box.
+DEFAULT_MAX = 2
 
 
 class DraftError(ModelError, ValueError):

@@ -52,7 +52,7 @@ class ServeOptions:
     draft: str | None = option(None, "Speculative decoding: a draft GGUF (DSpark, MTP or a small model of the same "
                                      "vocabulary; the kind is read from the file), or auto for the one `pyllm fetch "
                                      "--draft` put beside the model.")
-    draft_max: int | None = option(None, "Tokens drafted per step (llama-server's --spec-draft-n-max). Default 3 "
+    draft_max: int | None = option(None, "Tokens drafted per step (llama-server's --spec-draft-n-max). Default 2 "
                                           "for DSpark/DFlash/MTP (best measured on a MoE verify), llama-server's own for a "
                                           "small-model draft; `pyllm bench speculate` finds your best.")
     detach: bool = option(False, "Return once ready; a supervisor keeps it running.",
