@@ -3,9 +3,10 @@ download path calls, serving repos built in the test (synthetic GGUF shard sets)
 
 Endpoints: GET /api/models/{repo}/revision/{rev} (repo info), GET /api/models/{repo}/tree/{rev}
 (recursive listing with sizes and LFS sha256), HEAD/GET /{repo}/resolve/{rev}/{path} (file
-metadata headers, bytes, Range). Faults for tests: gated repos (401 without a token), a
-one-shot connection cut after N bytes of a file, corrupted bytes, and a listed size larger
-than the file (for disk-space refusals).
+metadata headers, bytes, Range). Faults for tests: gated repos (401 without a token), repos
+whose API answers one HTTP status, a one-shot connection cut after N bytes of a file, corrupted
+bytes, and a listed size larger than the file (for disk-space refusals). ``prefix`` mounts the
+hub under a path, as an intranet mirror often is.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class HubRepo:
     files: dict[str, HubFile]
     commit: str = "0123456789abcdef0123456789abcdef01234567"
     gated: bool = False
+    status: int | None = None  # the API answers this HTTP status for the repo (a broken mirror)
 
 
 class FakeHub:
@@ -51,6 +53,7 @@ class FakeHub:
         self.repos: dict[str, HubRepo] = {}
         self.requests: list[tuple[str, str, dict]] = []  # method, path, headers
         self.token = "hf_test_token"
+        self.prefix = ""  # e.g. "/mirror": every path starts with it
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -117,6 +120,9 @@ class FakeHub:
         if repo.gated and h.headers.get("Authorization") != f"Bearer {self.token}":
             self._error(h, 401, "GatedRepo", "Access to this model is restricted; you must be authenticated", head)
             return None
+        if repo.status:
+            self._error(h, repo.status, "Broken", "the mirror failed", head)
+            return None
         return repo
 
     def _ms_json(self, h, data, head: bool, status: int = 200) -> None:
@@ -134,6 +140,9 @@ class FakeHub:
             return True
         if repo.gated and h.headers.get("Authorization") != f"Bearer {self.token}" and self.token not in h.headers.get("Cookie", ""):
             self._ms_json(h, None, head, status=401)
+            return True
+        if repo.status:
+            self._ms_json(h, None, head, status=repo.status)
             return True
         if m[2] is None:
             self._ms_json(h, {"Id": 1, "Path": m[1].split("/")[0], "Name": m[1].split("/")[1], "Revision": repo.commit}, head)
@@ -202,6 +211,11 @@ class FakeHub:
         url = urlparse(h.path)
         path = unquote(url.path)
         self.requests.append(("HEAD" if head else "GET", path, dict(h.headers)))
+        if self.prefix:
+            if not path.startswith(self.prefix + "/"):
+                self._error(h, 404, "NotFound", f"{path} is outside {self.prefix}", head)
+                return
+            path = path[len(self.prefix):]
         if self.handle_modelscope(h, path, parse_qs(url.query), head):
             return
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)

@@ -147,6 +147,23 @@ def test_gated_repo_needs_a_token(hub, env, shard_files, source) -> None:
 
 
 @SOURCES
+def test_errors_follow_the_status_not_the_address(hub, env, shard_files, source) -> None:
+    """A mirror under a path that reads like a status code: gated, missing and a failing API each get their own line."""
+    hub.prefix = "/mirror-404-401"
+    env = dict(env, HF_ENDPOINT=hub.url + hub.prefix, MODELSCOPE_ENDPOINT=hub.url + hub.prefix)
+    hub.add_repo(REPO, shard_files, gated=True)
+    hub.add_repo("broken/mirror-GGUF", shard_files, status=500)
+    denied = fetch(env, REPO, "--include", "Q4_0/*", source=source)
+    assert denied.returncode == 1 and "gated or private" in denied.stderr and denied.stderr.count("\n") == 1
+    missing = fetch(env, "nobody/nothing-GGUF", source=source)
+    assert missing.returncode == 1 and "repository nobody/nothing-GGUF was not found" in missing.stderr
+    broken = fetch(env, "broken/mirror-GGUF", source=source)
+    assert broken.returncode == 1 and "answered HTTP 500" in last_line(broken.stderr), broken.stderr  # above it: the client's retries
+    allowed = fetch(env, REPO, "--include", "Q4_0/*", "--token", hub.token, source=source)
+    assert allowed.returncode == 0, allowed.stderr
+
+
+@SOURCES
 def test_disk_space_is_checked_before_downloading(hub, env, shard_files, source) -> None:
     files = dict(shard_files)
     files["UD-Q8_K_XL/huge-00001-of-00001.gguf"] = HubFile(b"x" * 10, listed_size=10 * 2**40)

@@ -153,14 +153,21 @@ def _ms_list(repo: str, *, revision: str | None, token: str | None) -> tuple[str
     try:
         files = api.get_model_files(repo, revision=revision or "master", recursive=True)
     except Exception as exc:
-        text = str(exc).lower()
-        if "not found" in text or "404" in text or "not exist" in text:
-            raise RepoNotFound(f"repository {repo} was not found on ModelScope: check the name (owner/name)") from exc
-        if "401" in text or "403" in text or "unauthorized" in text:
-            raise AccessDenied(f"{repo} is gated or private on ModelScope and this request was not authorized: pass a token (--token or MODELSCOPE_API_TOKEN)") from exc
-        raise _unreachable("modelscope", exc) from exc
+        raise _ms_error(exc, repo) from exc
     out = [RemoteFile(f["Path"], int(f.get("Size", 0)), f.get("Sha256") or None) for f in files if f.get("Type") != "tree"]
     return revision or "master", out
+
+
+def _ms_error(exc: Exception, repo: str) -> Exception:
+    """modelscope-hub's exception as ours, by the HTTP status it carries (its text holds the URL, whose port may read 404)."""
+    status = getattr(exc, "status_code", None) or getattr(getattr(exc, "response", None), "status_code", None)
+    if status == 404:
+        return RepoNotFound(f"repository {repo} was not found on ModelScope: check the name (owner/name), or pass a token if it is private")
+    if status in (401, 403):
+        return AccessDenied(f"{repo} is gated or private on ModelScope and this request was not authorized: pass a token (--token or MODELSCOPE_API_TOKEN)")
+    if isinstance(status, int):
+        return FetchError(f"ModelScope answered HTTP {status} for {repo}: if this is a mirror, check that it proxies ModelScope's API")
+    return _unreachable("modelscope", exc)
 
 
 # --- planning ----------------------------------------------------------------------------
