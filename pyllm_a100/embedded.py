@@ -23,7 +23,7 @@ from .build.bindings import llama_cpp_module
 from .build.native import build_info
 from .devices.splits import check_against_devices, parse_tensor_split
 from .errors import InvalidArgument, ModelError
-from .models.drafts import DraftError, InProcessUnsupported, refuse_as_model
+from .models.drafts import DraftError, InProcessUnsupported, check_n_max, refuse_as_model
 from .models.drafts import resolve as resolve_draft
 from .models.gguf_files import ModelFiles, resolve_model
 
@@ -319,8 +319,7 @@ def in_process(model: ModelFiles, spec: str | os.PathLike[str], n_max: int | Non
     So ``prompt-lookup`` (n-grams of the prompt) and a plain small model of the same
     vocabulary work; DSpark, DFlash and MTP drafts are refused (they run in llama-server).
     """
-    if n_max is not None and not 1 <= n_max <= 64:
-        raise DraftError(f"draft_max={n_max}: give the number of tokens drafted per step, 1 to 64")
+    check_n_max(n_max, "draft_max=")
     if str(spec) == PROMPT_LOOKUP:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 

@@ -349,6 +349,16 @@ def test_in_process_draft_is_refused_for_a_cache_that_cannot_rewind(tiny_models:
         Llama(tiny_models["tiny-deepseek4"], n_ctx=512, draft="prompt-lookup")
 
 
+@pytest.mark.parametrize("draft_max", [0, 65, -1, True, 2.5])
+def test_in_process_draft_length_out_of_range_is_refused_in_one_line(tiny_models: dict[str, Path], draft_max: object) -> None:
+    from pyllm_a100 import Llama
+    from pyllm_a100.models.drafts import DraftError
+
+    with pytest.raises(DraftError, match=r"^draft_max=.*: give the number of tokens drafted per step, 1 to 64") as caught:
+        Llama(tiny_models["tiny-llama"], n_ctx=256, draft="prompt-lookup", draft_max=draft_max)
+    assert "\n" not in str(caught.value)
+
+
 def test_in_process_refuses_dspark_and_mtp_drafts_in_one_line(tiny_models: dict[str, Path], draft_models: dict[str, Path]) -> None:
     from pyllm_a100 import Llama
     from pyllm_a100.models.drafts import InProcessUnsupported

@@ -167,11 +167,17 @@ def sidecars(model: ModelFiles) -> list[Path]:
     return found
 
 
+def check_n_max(n_max: int | None, label: str) -> None:
+    """Raise DraftError unless ``n_max`` is None or 1..64 (``label``: how the caller spells the option)."""
+    if n_max is not None and (isinstance(n_max, bool) or not isinstance(n_max, int) or not 1 <= n_max <= 64):
+        raise DraftError(f"{label}{n_max!r}: give the number of tokens drafted per step, 1 to 64 (unset: {DEFAULT_MAX} for "
+                         "DSpark/DFlash/MTP drafts)")
+
+
 def resolve(model: ModelFiles, spec: str | os.PathLike[str], n_max: int | None = None) -> Draft:
     """Check ``--draft PATH|auto`` against ``model`` (all errors one line) and return the flags' source."""
     text = str(spec)
-    if n_max is not None and not 1 <= n_max <= 64:
-        raise DraftError(f"--draft-max {n_max}: give the number of tokens drafted per step, 1 to 64 (DSpark drafts 7)")
+    check_n_max(n_max, "--draft-max ")
     if not text.strip():
         raise DraftError(f"--draft {text!r}: give a draft GGUF file, or auto for the one `pyllm fetch --draft` put beside "
                          "the model")
