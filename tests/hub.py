@@ -5,7 +5,7 @@ Endpoints: GET /api/models/{repo}/revision/{rev} (repo info), GET /api/models/{r
 (recursive listing with sizes and LFS sha256), HEAD/GET /{repo}/resolve/{rev}/{path} (file
 metadata headers, bytes, Range). Faults for tests: gated repos (401 without a token), repos
 whose API answers one HTTP status, a one-shot connection cut after N bytes of a file, corrupted
-bytes, and a listed size larger than the file (for disk-space refusals). ``prefix`` mounts the
+bytes, a listed size larger than the file (for disk-space refusals), and an HTML sign-in page for everything. ``prefix`` mounts the
 hub under a path, as an intranet mirror often is.
 """
 
@@ -54,6 +54,7 @@ class FakeHub:
         self.requests: list[tuple[str, str, dict]] = []  # method, path, headers
         self.token = "hf_test_token"
         self.prefix = ""  # e.g. "/mirror": every path starts with it
+        self.login_page = False  # answer every request with an HTML page (a captive portal, a proxy's sign-in)
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -211,6 +212,9 @@ class FakeHub:
         url = urlparse(h.path)
         path = unquote(url.path)
         self.requests.append(("HEAD" if head else "GET", path, dict(h.headers)))
+        if self.login_page:
+            self._send(h, 200, b"<html><body>Please sign in</body></html>", {"Content-Type": "text/html"}, head)
+            return
         if self.prefix:
             if not path.startswith(self.prefix + "/"):
                 self._error(h, 404, "NotFound", f"{path} is outside {self.prefix}", head)

@@ -164,6 +164,17 @@ def test_errors_follow_the_status_not_the_address(hub, env, shard_files, source)
 
 
 @SOURCES
+def test_an_endpoint_answering_html_is_named_in_one_line(hub, env, shard_files, source) -> None:
+    """HF_ENDPOINT / MODELSCOPE_ENDPOINT on a sign-in page or a plain web server: no traceback, the variable to fix."""
+    hub.add_repo(REPO, shard_files)
+    hub.login_page = True
+    result = fetch(env, REPO, "--include", "Q4_0/*", source=source)
+    variable = "HF_ENDPOINT" if source == "hf" else "MODELSCOPE_ENDPOINT"
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "not JSON" in last_line(result.stderr) and variable in last_line(result.stderr), result.stderr
+
+
+@SOURCES
 def test_disk_space_is_checked_before_downloading(hub, env, shard_files, source) -> None:
     files = dict(shard_files)
     files["UD-Q8_K_XL/huge-00001-of-00001.gguf"] = HubFile(b"x" * 10, listed_size=10 * 2**40)

@@ -106,6 +106,16 @@ def _hf_endpoint() -> str:
     return constants.ENDPOINT
 
 
+def _not_the_api(source: str, repo: str) -> FetchError:
+    """The endpoint answered, but not in the hub's JSON (a login page, a proxy's error page, a plain file server)."""
+    if source == "hf":
+        where, variable = _hf_endpoint(), "HF_ENDPOINT"
+    else:
+        where, variable = os.environ.get("MODELSCOPE_ENDPOINT") or "ModelScope", "MODELSCOPE_ENDPOINT"
+    return FetchError(f"{where} answered the listing of {repo} with something other than the hub's API (not JSON: a login "
+                      f"page or a proxy?): point {variable} at the mirror's root, or copy the files here")
+
+
 def _unreachable(source: str, exc: Exception) -> HubUnreachable:
     if source == "hf":
         return HubUnreachable(
@@ -131,6 +141,8 @@ def list_remote(repo: str, *, source: str = "hf", revision: str | None = None, t
             files = [RemoteFile(f.path, int(f.size), f.lfs.sha256 if f.lfs else None) for f in tree if isinstance(f, RepoFile)]
         except (httpx2.ConnectError, httpx2.TimeoutException) as exc:
             raise _unreachable(source, exc) from exc
+        except json.JSONDecodeError as exc:
+            raise _not_the_api(source, repo) from exc
         except Exception as exc:
             mapped = _hf_errors(exc, repo)
             if mapped is exc:
@@ -167,6 +179,8 @@ def _ms_error(exc: Exception, repo: str) -> Exception:
         return AccessDenied(f"{repo} is gated or private on ModelScope and this request was not authorized: pass a token (--token or MODELSCOPE_API_TOKEN)")
     if isinstance(status, int):
         return FetchError(f"ModelScope answered HTTP {status} for {repo}: if this is a mirror, check that it proxies ModelScope's API")
+    if isinstance(exc, json.JSONDecodeError):
+        return _not_the_api("modelscope", repo)
     return _unreachable("modelscope", exc)
 
 
