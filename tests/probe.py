@@ -186,6 +186,8 @@ def bad_input_cases() -> list[Case]:
         Case("synth", "-o on a read-only filesystem", ["synth", "tiny-llama", "-o", "{fs}/x.gguf"], "cannot write to", setup="ro-fs"),
         Case("synth", "nearly full disk", ["synth", "tiny-deepseek4", "-o", "{fs}/x.gguf"], "plus a 1 % + 64 MiB margin", setup="full-fs"),
         Case("fetch", "not a repo name", ["fetch", "just-a-name"], "is not a repository name"),
+        Case("fetch", "a path as the repo", ["fetch", "../x"], "is not a repository name"),
+        Case("fetch", "non-ASCII repo name", ["fetch", "ünï/cödé"], "is not a repository name"),
         Case("fetch", "--workers 0", ["fetch", "unsloth/Tiny-GLM-GGUF", "--workers", "0"], "--workers 0: must be at least 1"),
         Case("fetch", "--local-dir is a file", ["fetch", "unsloth/Tiny-GLM-GGUF", "--local-dir", "{file}"], "is a file, not a folder", setup="hub"),
         Case("fetch", "unknown --source", ["fetch", "unsloth/Tiny-GLM-GGUF", "--source", "s3"], "--source s3: choose one of", setup="hub"),

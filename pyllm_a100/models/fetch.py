@@ -224,10 +224,19 @@ def with_sidecars(files: list[RemoteFile], chosen: list[RemoteFile]) -> tuple[li
     return chosen + [f for f in sidecars if f not in chosen], []
 
 
+REPO_PART = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?")  # the hubs' rule: no - or . at either end
+
+
+def is_repo_name(repo: str) -> bool:
+    """``owner/name`` as Hugging Face and ModelScope accept it (so never a path such as ``../x``)."""
+    parts = repo.split("/")
+    return len(parts) == 2 and all(REPO_PART.fullmatch(p) and ".." not in p and "--" not in p for p in parts)
+
+
 def plan(repo: str, *, include: Sequence[str] = (), exclude: Sequence[str] = (), source: str = "hf",
          revision: str | None = None, token: str | None = None, draft: bool = False) -> FetchPlan:
     """What to download; ``draft`` adds the speculative-decoding sidecars beside the selected model."""
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
+    if not is_repo_name(repo):
         raise RepoNotFound(f"{repo!r} is not a repository name: use owner/name, e.g. unsloth/DeepSeek-V4-Flash-0731-GGUF")
     commit, files = list_remote(repo, source=source, revision=revision, token=token)
     chosen, warnings = select(files, include, exclude)
