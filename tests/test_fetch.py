@@ -142,7 +142,9 @@ def test_gated_repo_needs_a_token(hub, env, shard_files, source) -> None:
     denied = fetch(env, REPO, "--include", "Q4_0/*", source=source)
     assert denied.returncode == 1 and denied.stderr.count("\n") == 1
     assert "gated or" in denied.stderr and "token" in denied.stderr
-    allowed = fetch(env, REPO, "--include", "Q4_0/*", "--token", hub.token, source=source)
+    blank = fetch(env, REPO, "--include", "Q4_0/*", "--token", "", source=source)  # as `HF_TOKEN=` in a script: no token
+    assert blank.returncode == 1 and "Traceback" not in blank.stderr and "gated or" in last_line(blank.stderr), blank.stderr
+    allowed = fetch(env, REPO, "--include", "Q4_0/*", "--token", f" {hub.token}\n", source=source)  # pasted with blanks
     assert allowed.returncode == 0, allowed.stderr
 
 

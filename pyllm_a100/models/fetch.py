@@ -248,9 +248,27 @@ def plan(repo: str, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
     return FetchPlan(repo, source, revision or ("main" if source == "hf" else "master"), commit, chosen, warnings)
 
 
-def check_workers(workers: int) -> None:
+def check_options(*, workers: int = 8, include: Sequence[str] = (), exclude: Sequence[str] = (), revision: str | None = None,
+                  local_dir: str | os.PathLike[str] | None = None, token: str | None = None) -> str | None:
+    """Refuse blank or malformed options in one line before any hub is asked; returns the token stripped (blank: none,
+    as an empty ``HF_TOKEN=`` means)."""
     if workers < 1:
         raise InvalidArgument(f"--workers {workers}: must be at least 1 (files downloaded in parallel; default 8)")
+    for name, patterns in (("--include", include), ("--exclude", exclude)):
+        for pattern in patterns:
+            if not pattern.strip():
+                raise InvalidArgument(f"{name} {pattern!r}: give a glob such as \"UD-Q4_K_XL/*\", or leave {name} out")
+    if revision is not None and not revision.strip():
+        raise InvalidArgument(f"--revision {revision!r}: give a branch, tag or commit, or leave it out for the default branch")
+    if local_dir is not None and not str(local_dir).strip():
+        raise InvalidArgument(f"--local-dir {str(local_dir)!r}: give a folder (. for this one), or leave it out for $PYLLM_HOME/models")
+    if token is None:
+        return None
+    token = token.strip()
+    if any(ch.isspace() or not ch.isprintable() for ch in token):  # never echo it: it is a secret
+        raise InvalidArgument("--token (or HF_TOKEN) holds spaces or control characters: a token is one "
+                              "word such as hf_...; check what was pasted")
+    return token or None
 
 
 @dataclasses.dataclass
@@ -286,7 +304,7 @@ def fetch(repo: str, *, include: Sequence[str] = (), exclude: Sequence[str] = ()
 
     ``on_plan(plan, root)`` is called once the plan is known (before any byte is downloaded); a dry run stops there.
     """
-    check_workers(workers)
+    token = check_options(workers=workers, include=include, exclude=exclude, revision=revision, local_dir=local_dir, token=token)
     the_plan = plan(repo, include=include, exclude=exclude, source=source, revision=revision, token=token, draft=draft)
     root = Path(local_dir) if local_dir is not None else default_root(the_plan)
     if on_plan is not None:
