@@ -219,7 +219,7 @@ def gather(model: str | None = None, ctx_size: int | None = None, rpc: str | Non
         "toolchain": toolchain(),
         "build": {k: info.get(k) for k in ("version", "llama_cpp_commit", "source", "cuda", "cuda_version", "cuda_architectures", "patches")},
     }
-    if rpc:
+    if rpc is not None:  # an empty --rpc is refused (parse_endpoints), not skipped
         report["rpc"] = rpc_report(rpc)
     suggestion = None
     if model is not None:

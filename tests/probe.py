@@ -228,6 +228,9 @@ def bad_input_cases() -> list[Case]:
         Case(S, "--restart -1", [S, "{model}", "--restart", "-1", "--detach"], "--restart -1: must be 0", rc=EX_CONFIG),
         Case(S, "--gpus naming a GPU twice", [S, "{model}", "--gpus", "0-3,2"], "GPU 2 is named twice", rc=EX_CONFIG),
         Case(S, "--n-gpu-layers -5", [S, "{model}", "--n-gpu-layers", "-5"], "--n-gpu-layers -5: give 0", rc=EX_CONFIG),
+        Case(S, "--alias ''", [S, "{model}", "--alias", ""], "--alias '': give the model name", rc=EX_CONFIG),
+        Case(S, "--cors-origins ''", [S, "{model}", "--cors-origins", " "], "--cors-origins ' ': give the origins", rc=EX_CONFIG),
+        Case(S, "--rpc ''", [S, "{model}", "--rpc", ""], "--rpc '' is empty: give HOST:PORT"),
         Case(S, "PYLLM_HOME is a file", [S, "{model}", "--port", "0"], "is a file, not a folder", rc=EX_CONFIG, setup="home-file"),
         Case(S, "PYLLM_HOME under a file", [S, "{model}", "--port", "0"], "which is a file", rc=EX_CONFIG, setup="home-under-file"),
         Case("generate", "--ctx-size -1", ["generate", "{model}", "hi", "--ctx-size", "-1"], "--ctx-size -1: must be a positive"),
@@ -247,6 +250,7 @@ def bad_input_cases() -> list[Case]:
         Case("rpc-worker", "--restart -1", ["rpc-worker", "--restart", "-1"], "--restart -1: must be 0"),
         Case("doctor", "missing model", ["doctor", "{out}/nope.gguf"], "does not exist"),
         Case("doctor", "--rpc not HOST:PORT", ["doctor", "--rpc", "nonsense"], "HOST:PORT"),
+        Case("doctor", "--rpc ''", ["doctor", "--rpc", ""], "--rpc '' is empty"),
     ]
 
 

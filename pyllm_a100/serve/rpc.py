@@ -44,14 +44,14 @@ class Endpoint:
 
 def parse_endpoints(text: str) -> list[Endpoint]:
     """``"10.0.0.2:50052,10.0.0.3:50052"`` -> endpoints (one-line errors for typos)."""
+    if not text.strip():
+        raise RpcError(f"--rpc {text!r} is empty: give HOST:PORT[,HOST:PORT...] of rpc-server workers (pyllm rpc-worker), or leave it out")
     out = []
     for part in (p.strip() for p in text.split(",")):
         m = re.fullmatch(r"\[?([^\[\]]+?)\]?:(\d+)", part)
         if not m or not 1 <= int(m[2]) <= 65535:
             raise RpcError(f"--rpc {text}: {part!r} is not HOST:PORT (e.g. 10.0.0.2:{DEFAULT_PORT})")
         out.append(Endpoint(m[1], int(m[2])))
-    if not out:
-        raise RpcError("--rpc is empty: give HOST:PORT[,HOST:PORT...]")
     return out
 
 

@@ -230,8 +230,14 @@ def make_config(
         check_key_file(Path(api_key_file))
     if require_api_key and not is_loopback(host) and api_key_file is None:
         raise ServerConfigError(f"--host {host} is reachable from the network: give an API key (Server(api_key=...) or pyllm serve generates one)")
+    if alias is not None and not alias.strip():
+        raise ServerConfigError(f"--alias {alias!r}: give the model name clients will send (e.g. deepseek-v4-flash), or leave "
+                                "it out for the file's name")
+    if cors_origins is not None and not cors_origins.strip():
+        raise ServerConfigError(f"--cors-origins {cors_origins!r}: give the origins to allow (e.g. https://chat.example.lan, "
+                                "or '*'), or leave it out for the server's own origin")
     endpoints: list[Any] = []
-    if rpc:
+    if rpc is not None and (isinstance(rpc, str) or rpc):  # an empty --rpc is a mistake (an unset $WORKERS), never "none"
         from . import rpc as rpc_module
 
         endpoints = rpc_module.parse_endpoints(rpc) if isinstance(rpc, str) else list(rpc)
