@@ -137,6 +137,26 @@ def test_detach_resolves_relative_model_and_extra_paths(tiny_deepseek4: Path, tm
         run_pyllm("stop", "rel")
 
 
+def test_the_printed_curl_line_works_as_pasted(tiny_deepseek4: Path, tmp_path: Path) -> None:
+    """The ready message's curl line run by bash as printed: an alias with quotes, a PYLLM_HOME with a space and a quote,
+    an API key read from its file (the line broke on the alias's quote and on spaces in the key file's path)."""
+    home = tmp_path / "pyllm home's"
+    env = {"PYLLM_HOME": str(home)}
+    result = run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--detach", "--name", "quoted", "--alias", "it's \"v4\" $x",
+                       "--api-key", "k3y-1", env=env, timeout=300)
+    try:
+        assert result.returncode == 0, result.stderr
+        (curl,) = [line for line in result.stdout.splitlines() if line.startswith("  curl ")]
+        assert "cat " in curl, "the key is read from its file"
+        reply = subprocess.run(["bash", "-c", curl.strip() + " --silent --show-error --max-time 240"], capture_output=True,
+                               text=True, timeout=300)
+        assert reply.returncode == 0, reply.stderr
+        answer = json.loads(reply.stdout)
+        assert answer["model"] == "it's \"v4\" $x" and answer["choices"][0]["message"]["role"] == "assistant", answer
+    finally:
+        run_pyllm("stop", "quoted", env=env)
+
+
 # --- item 6: a failed detached server stays listed --------------------------------------------------------------------
 
 

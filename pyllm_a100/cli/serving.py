@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -36,10 +37,10 @@ def _print_ready(url: str, served_name: str, api_key: str | None, key_file: str 
     auth = ""
     if api_key and generated:
         print(f"API key (shown once; stored in {key_file}, mode 0600): {api_key}")
-    if key_file:
-        auth = f" -H \"Authorization: Bearer $(cat {key_file})\""
+    if key_file:  # quoted for the shell: a name or PYLLM_HOME may hold spaces or quotes
+        auth = f" -H \"Authorization: Bearer $(cat {shlex.quote(key_file)})\""
     body = json.dumps({"model": served_name, "messages": [{"role": "user", "content": "Hello"}]})
-    print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'")
+    print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}")
     from ..build.native import build_info
 
     if build_info().get("ui"):
