@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from typing import Any
@@ -126,7 +127,7 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
         return report, findings, suggestion
     if not gpus:
         findings.append(Finding("warn", "no GPU visible: the suggestion below runs on the CPU"))
-        suggestion = f"pyllm serve {files.first}" + (f" --ctx-size {ctx}" if asked else "")
+        suggestion = f"pyllm serve {shlex.quote(str(files.first))}" + (f" --ctx-size {ctx}" if asked else "")
         findings.append(_capacity_finding(report, files, []))
         return report, findings, suggestion
     split = [1.0] * len(gpus)
@@ -154,9 +155,9 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
     if over:
         findings.append(Finding("error", "does not fit with all layers on GPU: " + "; ".join(over) +
                                 ": lower --ctx-size, add GPUs, or use a smaller quantization"))
-        suggestion = f"pyllm serve {files.first} --tensor-split {split_text} --ctx-size {max(2048, ctx // 4)}  # smaller context; llama.cpp --fit keeps the rest in RAM"
+        suggestion = f"pyllm serve {shlex.quote(str(files.first))} --tensor-split {split_text} --ctx-size {max(2048, ctx // 4)}  # smaller context; llama.cpp --fit keeps the rest in RAM"
     else:
-        suggestion = f"pyllm serve {files.first} --tensor-split {split_text}" + (f" --ctx-size {ctx}" if asked else "")
+        suggestion = f"pyllm serve {shlex.quote(str(files.first))} --tensor-split {split_text}" + (f" --ctx-size {ctx}" if asked else "")
         findings.append(_capacity_finding(report, files, gpus))
     return report, findings, suggestion
 
@@ -326,7 +327,7 @@ def _capacity_row(shape: Any, target: str, spec: Any, budget: Any, slots: int) -
     row = plan_row(shape, target, spec, *plan.streams)
     row.fits = plan.fits
     split = f" --tensor-split 1x{spec.count}" if spec.count > 1 else ""
-    row.serve = (f"pyllm serve {target}{split}" + ("" if slots == DEFAULT_PARALLEL else f" --parallel {slots}")
+    row.serve = (f"pyllm serve {shlex.quote(str(target))}{split}" + ("" if slots == DEFAULT_PARALLEL else f" --parallel {slots}")
                  if plan.fits else None)
     row.note = plan.summary() if plan.fits else (row.note or f"no KV pool fits ({plan.budget.rule})")
     row.capacity = plan.as_dict()

@@ -23,6 +23,20 @@ def test_doctor_reports_build_and_model_with_llama_cpps_estimate(tiny_models: di
     assert any("supported by this build" in t for t in texts) and any("no GPU visible" in t for t in texts)
 
 
+def test_the_suggested_command_survives_a_path_with_spaces_and_quotes(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """The suggestion is a shell line: split as bash would, it names the file itself."""
+    import shlex
+    import shutil
+
+    odd = tmp_path / "my models" / "it's v4 $x.gguf"
+    odd.parent.mkdir()
+    shutil.copyfile(tiny_models["tiny-deepseek4"], odd)  # a copy: doctor names a symlink by its target
+    result = run_pyllm("doctor", str(odd), "--ctx-size", "2048", "--json")
+    assert result.returncode == 0, result.stderr
+    words = shlex.split(json.loads(result.stdout)["suggestion"])
+    assert words[:3] == ["pyllm", "serve", str(odd)] and words[3:] == ["--ctx-size", "2048"], words
+
+
 def test_doctor_text_names_mxfp4_and_fails_on_an_unknown_architecture(tmp_path: Path) -> None:
     from pyllm_a100.synth import synthesize
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from pathlib import Path
 
 from ..errors import ModelError
@@ -107,7 +108,7 @@ def refuse_as_model(files: ModelFiles) -> None:
             has_nextn(files) and "blk.0.attn_norm.weight" not in files.tensor_bytes):
         kind = detect(files) if files.architecture != "eagle3" else "draft-eagle3"
         raise DraftError(f"{files.first.name} is a speculative-decoding draft ({kind}), not a model: serve its model "
-                         f"and add --draft {files.first}")
+                         f"and add --draft {shlex.quote(str(files.first))}")
 
 
 def _vocab(files: ModelFiles) -> tuple:

@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import math
 import re
+import shlex
 from typing import Any
 
 from ..errors import InvalidArgument
@@ -304,7 +305,7 @@ def per_device(shape: Shape, n_devices: int, ctx: int, slots: int, *, gpu: bool 
 
 def serve_command(model: str, gpus: GpuSpec, ctx: int, slots: int) -> str:
     split = f" --tensor-split 1x{gpus.count}" if gpus.count > 1 else ""
-    return f"pyllm serve {model}{split} --ctx-size {ctx * slots} --parallel {slots}"
+    return f"pyllm serve {shlex.quote(str(model))}{split} --ctx-size {ctx * slots} --parallel {slots}"
 
 
 def plan_row(shape: Shape, model_arg: str, gpus: GpuSpec, ctx: int, slots: int, *, type_k_bytes: float = 2.0) -> Row:
