@@ -213,9 +213,11 @@ def test_a_50000_character_run_gets_a_clean_400_and_the_server_lives_on(preset: 
         for text in LONG_RUNS:
             reply = http.post("/completion", json={"prompt": text, "n_predict": 1})
             assert reply.status_code == 400, (repr(text[:3]), reply.status_code, reply.text[:300])
-            assert "exceeds the available context size" in reply.json()["error"]["message"]
+            message = reply.json()["error"]["message"]  # 0035: the limit named, the trained context or a smaller slot
+            assert message.startswith("this request's prompt is ") and "but a slot holds at most 4,096 tokens" in message, message
+            assert "shorten the prompt" in message and ("trained context" in message or "--ctx-size" in message), message
         api = OpenAI(base_url=server.openai_base_url, api_key="none", max_retries=0, timeout=300)
-        with pytest.raises(BadRequestError, match="exceeds the available context size"):
+        with pytest.raises(BadRequestError, match="this request's prompt is .* tokens, but a slot holds at most 4,096"):
             api.chat.completions.create(model=preset, messages=[{"role": "user", "content": "a" * 50_000}], max_tokens=1)
         assert server.proc.poll() is None and http.get("/health").status_code == 200
         after = http.post("/completion", json={"prompt": "Hello", "n_predict": 2, "temperature": 0}).json()
