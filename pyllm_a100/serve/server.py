@@ -237,7 +237,7 @@ def make_config(
         raise ServerConfigError(f"--cors-origins {cors_origins!r}: give the origins to allow (e.g. https://chat.example.lan, "
                                 "or '*'), or leave it out for the server's own origin")
     endpoints: list[Any] = []
-    if rpc is not None and (isinstance(rpc, str) or rpc):  # an empty --rpc is a mistake (an unset $WORKERS), never "none"
+    if isinstance(rpc, str) or rpc:  # a blank --rpc is refused (an unset $WORKERS), not read as "no workers"
         from . import rpc as rpc_module
 
         endpoints = rpc_module.parse_endpoints(rpc) if isinstance(rpc, str) else list(rpc)
