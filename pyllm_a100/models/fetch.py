@@ -296,7 +296,8 @@ class Fetched:
 
 
 def fetch(repo: str, *, include: Sequence[str] = (), exclude: Sequence[str] = (), source: str = "hf",
-          revision: str | None = None, local_dir: Path | None = None, workers: int = 8, token: str | None = None,
+          revision: str | None = None, local_dir: str | os.PathLike[str] | None = None, workers: int = 8,
+          token: str | None = None,
           verify_hashes: bool = True, dry_run: bool = False, draft: bool = False,
           on_plan: Callable[[FetchPlan, Path], None] | None = None,
           on_verify: Callable[[str], None] | None = None) -> Fetched:

