@@ -68,14 +68,18 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
     bprobe = next(j for j in jobs if j[2] == "bprobe")
     probes = bprobe[bprobe.index("--patches") + 1:]
     assert bprobe[bprobe.index("--extend") + 1] == "patched" and probes == [
-        "lab/patches-probe/step-timeline.patch", "lab/patches-probe/cuda-counters.patch", "lab/patches-probe/decode-phases.patch"]
+        "lab/patches-probe/step-timeline.patch", "lab/patches-probe/cuda-counters.patch", "lab/patches-probe/decode-phases.patch",
+        "lab/patches-probe/launch-phases.patch"]
     assert all((REPO / p).is_file() for p in probes)
     assert "--draft-target v4-43l --write v4-43l --drafts dspark,mtp models" in text
     runs = [c for j in jobs for c in python_commands(j) if c[-1] == "probe"]
-    assert [c[c.index("--columns") + 1] for c in runs] == ["probe", "probe@a100"]
+    assert [c[c.index("--columns") + 1] for c in runs] == ["probe", "probe@a100", "probe"]
     assert all(c[c.index("--draft-target") + 1] == "v4-43l" for c in runs)
-    native, a100 = (dict(v.split("=", 1) for v in c[c.index("--probe") + 1].split(";")) for c in runs)
+    native, a100, nographs = (dict(v.split("=", 1) for v in c[c.index("--probe") + 1].split(";")) for c in runs)
     assert native == a100 and set(native) == {"plain", "dspark2-s25", "dspark3-s25", "mtp2-s25"}
+    # graphs off: its own variant names (the logs are per column and variant), the same server arguments
+    assert nographs == {f"{k}-nographs": native[k] for k in ("plain", "dspark2-s25")}
+    assert "GGML_CUDA_DISABLE_GRAPHS=1 OUT=$JOB_OUT python3 lab/scripts/gpu-multitoken" in text
     variants = [(k, v) for d in (native, a100) for k, v in d.items()]
     for k, v in variants:
         assert "-lv 4" in v  # the statistics line (the draft call's time) and the probes' lines in every log
@@ -93,7 +97,7 @@ def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> N
     work = tmp_path / "w"
     env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
     calls = [c for job in queued(work) for c in python_commands(job)]
-    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-multitoken"}
+    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-multitoken", "gpu-lab-session-summary"}
     for call in calls:
         name, args = Path(call[0]).name, call[1:]
         if name == "gpu-build":
@@ -104,6 +108,8 @@ def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> N
                 args = args[:-1]
             args = [*args, "report"]
             want = None  # any code but argparse's 2 (the report of nothing may say it failed)
+        elif name == "gpu-lab-session-summary":  # a folder without logs: nothing to print
+            want = 0
         elif name == "gpu-draft-soak":  # past parsing: no llama-server in the (missing) work folder
             want = 1
         elif name in ("gpu-ab-table", "gpu-token-check"):  # past parsing: no stage files in the (missing) folder
