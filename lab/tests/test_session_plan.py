@@ -60,45 +60,43 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
         if job[1] == "after":
             assert set(job[3].split(",")) <= set(seen), f"{name} waits for {job[3]}, queued: {seen}"
         seen.append(name)
-    assert seen == ["bpatched", "models", "bprobe", "bcand", "ab"]
-    # --extend works in place: a chain patched -> probe -> cand, the timing after all of it
-    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"bprobe": "bpatched", "bcand": "bprobe", "ab": "bcand,models"}
+    assert seen == ["bpatched", "models", "bcand", "ab", "conc", "soak"]
+    # --extend works in place: patched -> cand; the timing jobs one after another, alone on the GPU
+    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"bcand": "bpatched", "ab": "bcand,models", "conc": "ab",
+                                                             "soak": "conc"}
     text = "\n".join(shlex.join(j) for j in jobs)
-    # the candidate waiting in lab/patches-candidate is the one the plan builds, on top of the probes
+    # the candidate waiting in lab/patches-candidate is the one the plan builds, on the series without probes
     bcand = next(j for j in jobs if j[2] == "bcand")
-    assert bcand[bcand.index("--extend") + 1] == "probe"
+    assert bcand[bcand.index("--extend") + 1] == "patched"
     assert bcand[bcand.index("--patches") + 1:] == [
         str(p.relative_to(REPO)) for p in sorted((REPO / "lab" / "patches-candidate").glob("*.patch"))]
-    bprobe = next(j for j in jobs if j[2] == "bprobe")
-    probes = bprobe[bprobe.index("--patches") + 1:]
-    assert bprobe[bprobe.index("--extend") + 1] == "patched" and probes == [
-        "lab/patches-probe/step-timeline.patch", "lab/patches-probe/cuda-counters.patch", "lab/patches-probe/decode-phases.patch",
-        "lab/patches-probe/launch-phases.patch"]
-    assert all((REPO / p).is_file() for p in probes)
+    assert "patches-probe" not in text  # probes cost host time: not in a timing comparison
     assert "--draft-target v4-43l --write v4-43l --drafts dspark,mtp models" in text
     runs = [c for j in jobs for c in python_commands(j) if c[-1] == "probe"]
-    assert [c[c.index("--columns") + 1] for c in runs] == ["probe,cand", "probe@a100,cand@a100"]
-    assert all(c[c.index("--draft-target") + 1] == "v4-43l" for c in runs)
-    native, a100 = (dict(v.split("=", 1) for v in c[c.index("--probe") + 1].split(";")) for c in runs)
-    assert native == a100 and set(native) == {"plain", "dspark2-s25", "dspark3-s25", "mtp2-s25"}
-    variants = [(k, v) for d in (native, a100) for k, v in d.items()]
-    for k, v in variants:
-        assert "-lv 4" in v  # the statistics line (the draft call's time) and the probes' lines in every log
+    assert [c[c.index("--columns") + 1] for c in runs] == ["patched,cand,patched@a100,cand@a100"]
+    assert all(c[c.index("--draft-target") + 1] == "v4-43l" and c[c.index("--draft-requests") + 1] == "8" for c in runs)
+    variants = dict(v.split("=", 1) for v in runs[0][runs[0].index("--probe") + 1].split(";"))
+    assert set(variants) == {"plain", "dspark2-s25", "mtp2-s25"}
+    for k, v in variants.items():
         if k != "plain":
             kind, rest = ("dspark", k[6:]) if k.startswith("dspark") else ("mtp", k[3:])
             n, accept = rest.split("-s")
             assert f"{{{kind}}}" in v and f"--spec-type draft-{kind} " in v and f"--spec-draft-n-max {n} " in v
-            assert f"--spec-synth-len {accept[0]}.{accept[1]} " in v
+            assert v.endswith(f"--spec-synth-len {accept[0]}.{accept[1]}")
             assert float(f"{accept[0]}.{accept[1]}") <= int(n) + 1  # llama-server refuses a mean longer than a step
         else:
-            assert "--spec" not in v
+            assert v == ""
+    conc = next(c for j in jobs for c in python_commands(j) if c[0].endswith("gpu-concurrency"))
+    assert conc[conc.index("--columns") + 1] == "patched,cand,patched@a100,cand@a100"
+    soak = next(c for j in jobs for c in python_commands(j) if c[0].endswith("gpu-draft-soak"))
+    assert soak[soak.index("--build") + 1] == "cand" and soak[soak.index("--draft-max") + 1] == "2"
 
 
 def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> None:
     work = tmp_path / "w"
     env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
     calls = [c for job in queued(work) for c in python_commands(job)]
-    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-multitoken", "gpu-lab-session-summary"}
+    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-multitoken", "gpu-concurrency", "gpu-draft-soak"}
     for call in calls:
         name, args = Path(call[0]).name, call[1:]
         if name == "gpu-build":
@@ -109,8 +107,10 @@ def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> N
                 args = args[:-1]
             args = [*args, "report"]
             want = None  # any code but argparse's 2 (the report of nothing may say it failed)
-        elif name == "gpu-lab-session-summary":  # a folder without logs: nothing to print
-            want = 0
+        elif name == "gpu-concurrency":  # past parsing: no build in the work folder (the shim is there, empty)
+            work.mkdir(parents=True, exist_ok=True)
+            (work / "a100-dispatch.so").touch()
+            want = 1
         elif name == "gpu-draft-soak":  # past parsing: no llama-server in the (missing) work folder
             want = 1
         elif name in ("gpu-ab-table", "gpu-token-check"):  # past parsing: no stage files in the (missing) folder
@@ -129,6 +129,8 @@ def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> N
             assert "no executable" in result.stderr
         if name == "gpu-draft-soak":
             assert "cand-bin/llama-server is missing" in result.stderr
+        if name == "gpu-concurrency":
+            assert "patched-bin/llama-server" in result.stdout + result.stderr
 
 
 def test_prepare_carry_documents_itself_and_refuses_unknown_arguments() -> None:
