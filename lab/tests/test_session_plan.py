@@ -76,8 +76,11 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
     assert [c[c.index("--columns") + 1] for c in runs] == ["patched,cand,patched@a100,cand@a100"]
     assert all(c[c.index("--draft-target") + 1] == "v4-43l" and c[c.index("--draft-requests") + 1] == "8" for c in runs)
     variants = dict(v.split("=", 1) for v in runs[0][runs[0].index("--probe") + 1].split(";"))
-    assert set(variants) == {"plain", "dspark2-s25", "mtp2-s25"}
+    assert set(variants) == {"plain", "dspark2-s25", "mtp2-s25", "plain-bs", "dspark2-s25-bs"}
     for k, v in variants.items():
+        if k.endswith("-bs"):  # the same server with the target's sampling on the GPU
+            assert v == (variants[k[:-3]] + " --backend-sampling").strip()
+            continue
         if k != "plain":
             kind, rest = ("dspark", k[6:]) if k.startswith("dspark") else ("mtp", k[3:])
             n, accept = rest.split("-s")
