@@ -300,7 +300,9 @@ def render(data: Mapping[str, Any] | None) -> str:
         return "\n".join(lines + _batched_table(main)) + "\n"
     lines = [f"Multi-token steps on {main[0]['model']} ({big} layers; synthetic weights; {data.get('gpu', 'GPU').split(',')[0]} "
              "running the sm_80 code; `a100` = the host dispatch an A100 gets, lab/scripts/a100-dispatch.c). Generated from "
-             "lab/results/gpu-multitoken.json by `python lab/benchmarks/report.py`.", "",
+             "lab/results/gpu-multitoken.json by `python lab/benchmarks/report.py`"
+             + (f"; measured {data['started'][:10]}, `patched` = vendor/patches as it was that day (later patches: the "
+                "other files below and lab/notes/gpu-report.md)" if data.get("started") else "") + ".", "",
              "One forward of k tokens against one decode step (k/1; llama-bench, depth "
              f"{(data.get('settings') or {}).get('depth', '?')}):", "",
              "| dispatch | build | 1 token, ms | " + " | ".join(f"k={k}" for k in RENDER_KS) + " |",
@@ -327,6 +329,60 @@ def render(data: Mapping[str, Any] | None) -> str:
                      f"{_fmt(d['pin_ms'], '.2f')}); best projected (patched): " + ("; ".join(best) or "no projection") + ".")
     lines += ["", f"Projection, not a measurement: {data.get('projection_rule', PROJECTION_RULE)}."]
     return "\n".join(lines) + "\n"
+
+
+def ceilings(rows: Iterable[Mapping[str, Any]], accept_lens: Sequence[float] = ACCEPT_LENS,
+             k_ref: int = K_REF) -> list[dict]:
+    """What speculative decoding can give at most on one GPU, per file and mean accepted length: the best over verify
+    widths k = 2..k_ref + 1 (DSpark's block) of E(a, k - 1) / cost(k), with the draft free and no host work. cost(k) is
+    the weights a k-token forward must read against one token's (``bound``: no kernel at equal bandwidth does better
+    with uniform routing) or the patched build's measured k/1 per dispatch (``measured``: what the kernels allow today).
+    [{model, layers, experts, accept_len, bound: {k, x}, measured: {dispatch: {k, x, build}}}], rows without weights
+    skipped; of several rows of one file and dispatch, the last (the newest run) gives ``measured``."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        if not r.get("weights_read"):
+            continue
+        key = (r["model"], r["layers"], r.get("experts"))
+        w = {x["k"]: x["ratio"] for x in r["weights_read"]}
+        v = {x["k"]: x.get("patched_ms") for x in r.get("verify") or []}
+        for L in accept_lens:
+            a = acceptance(L, k_ref)
+            ks = [k for k in range(2, k_ref + 2) if k in w]
+            if not ks:
+                continue
+            item = out.setdefault(key + (L,), {"model": key[0], "layers": key[1], "experts": key[2], "accept_len": L,
+                                               "measured": {}})
+            k = max(ks, key=lambda k: expected_tokens(a, k - 1) / w[k])
+            item["bound"] = {"k": k, "x": round(expected_tokens(a, k - 1) / w[k], 2)}
+            if v.get(1) and any(v.get(k) for k in ks):
+                k = max((k for k in ks if v.get(k)), key=lambda k: expected_tokens(a, k - 1) * v[1] / v[k])
+                item["measured"][r["dispatch"]] = {"k": k, "x": round(expected_tokens(a, k - 1) * v[1] / v[k], 2),
+                                                   "build": (r.get("labels") or {}).get("patched", "patched")}
+    return list(out.values())
+
+
+def _render_ceilings(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    items = ceilings(rows)
+    if not items:
+        return []
+    dispatches = sorted({d for c in items for d in c["measured"]}, key=lambda d: (d != "native", d))
+    def cell(c: Mapping[str, Any] | None) -> str:
+        return "-" if not c else f"{c['x']:.2f}x (k = {c['k']}" + (f", {c['build']})" if c.get("build") else ")")
+
+    lines = ["", "What speculative decoding can give at most on one GPU, from the same runs: the best over verify widths "
+             f"k = 2..{K_REF + 1} (up to DSpark's block of {K_REF}) of the tokens a step yields, E(a, k - 1), over the "
+             "step's cost, with the draft free and no host work. Cost = the weights read (`bound`: no kernel does better "
+             "at equal bandwidth when tokens pick experts independently) or the patched build's measured k/1 (what the "
+             "kernels allow today). Trained routers that send neighbouring tokens to the same experts lower the bound; "
+             "only real weights say by how much (`pyllm bench speculate` on your model).", "",
+             "| model | layers | experts | tokens a step (accept length) | bound | " +
+             " | ".join(f"measured, {d}" for d in dispatches) + " |",
+             "| --- | ---: | ---: | ---: | ---: |" + " ---: |" * len(dispatches)]
+    for c in items:
+        lines.append(f"| {c['model']} | {c['layers']} | {c.get('experts') or '-'} | {c['accept_len']:g} | "
+                     f"{cell(c.get('bound'))} | " + " | ".join(cell(c["measured"].get(d)) for d in dispatches) + " |")
+    return lines
 
 
 def render_shapes(data: Mapping[str, Any] | None) -> str:
@@ -364,4 +420,5 @@ def render_shapes(data: Mapping[str, Any] | None) -> str:
             floors_done.add(key)
             w = {x["k"]: x["ratio"] for x in r["weights_read"]}
             lines.append(f"{head} - | weights read | - | " + " | ".join(_fmt(w.get(k), ".2f") for k in SHAPES_KS) + " |")
+    lines += _render_ceilings(data["rows"])
     return "\n".join(lines) + "\n"

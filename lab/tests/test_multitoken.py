@@ -250,6 +250,34 @@ def test_shapes_rows_and_their_section() -> None:
     assert "| pin |" not in mt.render_shapes(only_patched) and "| a100 | patched |" in mt.render_shapes(only_patched)
 
 
+def test_ceilings_take_the_best_width_against_the_weights_read_and_against_the_measured_step() -> None:
+    from pyllm_a100.bench.speculate import acceptance_for
+    from pyllm_a100.bench.speculative import expected_tokens
+
+    rows = shapes_data()["rows"]
+    items = mt.ceilings(rows)
+    # only the file whose weights the run recorded; one item per published accepted length
+    assert [(c["experts"], c["accept_len"]) for c in items] == [(256, 2.5), (256, 2.9)]
+    w = {x["k"]: x["ratio"] for x in mt.weights_read(
+        {"active_bytes": 1200, "expert_bytes": 25600, "experts_used": 6, "experts": 256}, range(1, 17))}
+    for c in items:
+        a = acceptance_for(c["accept_len"], 7)
+        gains = {k: expected_tokens(a, k - 1) / w[k] for k in range(2, 9)}  # k <= 8: DSpark's block of 7
+        best = max(gains, key=gains.get)
+        assert c["bound"] == {"k": best, "x": round(gains[best], 2)}
+        measured = {k: expected_tokens(a, k - 1) / (1 + 0.1 * (k - 1)) for k in range(2, 9)}  # shapes_data's k/1
+        best = max(measured, key=measured.get)
+        assert c["measured"]["native"] == c["measured"]["a100"] == {"k": best, "x": round(measured[best], 2),
+                                                                      "build": "patched"}
+    # a cheaper step per token widens the best k; the bound never credits more than E(a, k - 1) per unit of weights
+    assert items[1]["bound"]["x"] > items[0]["bound"]["x"] and all(c["bound"]["x"] < 8 for c in items)
+    text = mt.render_shapes(shapes_data())
+    assert "| model | layers | experts | tokens a step (accept length) | bound | measured, native | measured, a100 |" in text
+    assert text.count("| deepseek-v4-flash | 4 | 256 | 2.") == 2
+    no_weights = [dict(r, weights_read=None) for r in rows]
+    assert mt.ceilings(no_weights) == [] and "tokens a step" not in mt.render_shapes({"gpu": "x", "rows": no_weights})
+
+
 def test_the_committed_shapes_section_says_what_the_committed_results_give(tmp_path: Path) -> None:
     perf = (REPO / "docs" / "performance.md").read_text()
     results = REPO / "lab" / "results" / "gpu-multitoken-shapes.json"
