@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from lab.tests import fakes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,16 +20,10 @@ STAGES = {"gpu-a100-check": {"ops", "soak", "tokens", "sanitizer", "report", "al
           "gpu-decode": {"build", "models", "ops", "bench", "batched", "ncu", "ncufull", "report", "all"}}
 
 
-def queued(work: Path, call: str = "call1") -> list[list[str]]:
+def queued(work: Path) -> list[list[str]]:
     env = dict(fakes.env_without_preload(), GPU_LAB_DRY_RUN="1", GPU_LAB_WORK=str(work))
-    out = subprocess.run(["bash", str(SESSION), call], capture_output=True, text=True, env=env, timeout=60, check=True).stdout
+    out = subprocess.run(["bash", str(SESSION), "call1"], capture_output=True, text=True, env=env, timeout=60, check=True).stdout
     return [shlex.split(line) for line in out.splitlines() if line.strip()]
-
-
-CALLS = {  # each call runs on a fresh machine: it builds what it measures
-    "call1": (["bpatched", "models", "bcand", "ab", "soak"], {"bcand": "bpatched", "ab": "bcand,models", "soak": "ab"}),
-    "call2": (["bpatched", "models", "bcand", "conc"], {"bcand": "bpatched", "conc": "bcand,models"}),
-}
 
 
 def python_commands(job: list[str]) -> list[list[str]]:
@@ -59,9 +51,8 @@ def python_commands(job: list[str]) -> list[list[str]]:
     return out
 
 
-@pytest.mark.parametrize("call", sorted(CALLS))
-def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path, call: str) -> None:
-    jobs = queued(tmp_path / "w", call)
+def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
+    jobs = queued(tmp_path / "w")
     seen: list[str] = []
     for job in jobs:
         assert job[0] == "lab/scripts/gpu-session" and job[1] in ("start", "after"), job
@@ -69,45 +60,48 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path, call: str) -
         if job[1] == "after":
             assert set(job[3].split(",")) <= set(seen), f"{name} waits for {job[3]}, queued: {seen}"
         seen.append(name)
-    assert seen == CALLS[call][0]
-    # --extend works in place: patched -> cand; the timing jobs one after another, alone on the GPU
-    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == CALLS[call][1]
+    # one call that builds what it measures; the timing jobs one after another, alone on the GPU
+    assert seen == ["bpatched", "models", "verify", "ncu", "report"]
+    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"verify": "bpatched,models", "ncu": "verify", "report": "ncu"}
     text = "\n".join(shlex.join(j) for j in jobs)
-    # the candidate waiting in lab/patches-candidate is the one the plan builds, on the series without probes
-    bcand = next(j for j in jobs if j[2] == "bcand")
-    assert bcand[bcand.index("--extend") + 1] == "patched"
-    assert bcand[bcand.index("--patches") + 1:] == [
-        str(p.relative_to(REPO)) for p in sorted((REPO / "lab" / "patches-candidate").glob("*.patch"))]
     assert "patches-probe" not in text  # probes cost host time: not in a timing comparison
-    assert "--draft-target v4-43l --write v4-43l --drafts dspark,mtp models" in text
-    runs = [c for j in jobs for c in python_commands(j) if c[-1] == "probe"]
-    assert [c[c.index("--columns") + 1] for c in runs] == (["patched,cand,patched@a100,cand@a100"] if call == "call1" else [])
-    assert all(c[c.index("--draft-target") + 1] == "v4-43l" and c[c.index("--draft-requests") + 1] == "8" for c in runs)
-    variants = dict(v.split("=", 1) for v in runs[0][runs[0].index("--probe") + 1].split(";")) if runs else {}
-    assert set(variants) == ({"plain", "dspark2-s25", "mtp2-s25"} if call == "call1" else set())
-    for k, v in variants.items():
-        if k.endswith("-bs"):  # the same server with the target's sampling on the GPU
-            assert v == (variants[k[:-3]] + " --backend-sampling").strip()
-            continue
-        if k != "plain":
-            kind, rest = ("dspark", k[6:]) if k.startswith("dspark") else ("mtp", k[3:])
-            n, accept = rest.split("-s")
-            assert f"{{{kind}}}" in v and f"--spec-type draft-{kind} " in v and f"--spec-draft-n-max {n} " in v
-            assert v.endswith(f"--spec-synth-len {accept[0]}.{accept[1]}")
-            assert float(f"{accept[0]}.{accept[1]}") <= int(n) + 1  # llama-server refuses a mean longer than a step
-        else:
-            assert v == ""
-    for conc in (c for j in jobs for c in python_commands(j) if c[0].endswith("gpu-concurrency")):
-        assert conc[conc.index("--columns") + 1] == "patched,cand,patched@a100,cand@a100"
-    for soak in (c for j in jobs for c in python_commands(j) if c[0].endswith("gpu-draft-soak")):
-        assert soak[soak.index("--build") + 1] == "cand" and soak[soak.index("--draft-max") + 1] == "2"
+    build = next(j for j in jobs if j[2] == "bpatched")
+    assert build[build.index("--patches") + 1] == "all" and "--sass90" in build
+    calls = [c for j in jobs for c in python_commands(j) if c[0].endswith("gpu-multitoken")]
+    stage = {c[-1]: c for c in calls}
+    assert set(stage) == {"models", "verify", "ncu", "report"}
+    assert stage["models"][stage["models"].index("--write") + 1] == "glm5-12l"
+    assert stage["models"][stage["models"].index("--drafts") + 1] == ""  # no draft files: nothing here serves one
+    for s in ("verify", "report"):
+        assert stage[s][stage[s].index("--models") + 1] == "glm5-12l"
+        assert stage[s][stage[s].index("--columns") + 1] == "patched,patched@a100"
+    ncu = stage["ncu"]
+    assert ncu[ncu.index("--ncu-model") + 1] == "glm5-12l" and ncu[ncu.index("--ncu-ks") + 1] == "1,2,4,8"
+    assert ncu[ncu.index("--ncu-columns") + 1] == "patched@a100,patched"  # the A100 dispatch first: kept if cut short
+
+
+def test_the_plans_model_is_glm5_with_its_dense_and_moe_layers() -> None:
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("gpu_multitoken_plan", str(REPO / "lab" / "scripts" / "gpu-multitoken"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    from pyllm_a100.synth.presets import hparams_for
+
+    preset, layers, experts = mod.MODELS["glm5-12l"]
+    h = hparams_for(preset, experts)  # refuses an expert count the preset cannot take
+    assert (preset, h["n_expert"]) == ("glm-5", 16)
+    assert layers >= 3 * h["leading_dense"]  # MoE layers outnumber the leading dense ones, as in the 78-layer model
 
 
 def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> None:
     work = tmp_path / "w"
     env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
-    calls = [c for call in CALLS for job in queued(work, call) for c in python_commands(job)]
-    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-multitoken", "gpu-concurrency", "gpu-draft-soak"}
+    calls = [c for job in queued(work) for c in python_commands(job)]
+    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-multitoken"}
     for call in calls:
         name, args = Path(call[0]).name, call[1:]
         if name == "gpu-build":
