@@ -200,6 +200,19 @@ def test_projection_follows_the_formula() -> None:
     assert draft_ms_per_token(6.0, cost, 3) == (6.0 - (14.0 - 10.0)) / 3 and draft_ms_per_token(1.0, cost, 3) == 0.0
 
 
+def test_the_ceiling_is_the_best_length_over_its_cost() -> None:
+    from pyllm_a100.bench.speculative import ceiling, expected_tokens
+
+    # DeepSeek-V4's real 256 experts: the weights a k-token forward reads (lab/results/gpu-multitoken-shapes.json)
+    weights = {1: 1.0, 2: 1.209, 3: 1.414, 4: 1.613, 5: 1.81, 8: 2.366}
+    d, x = ceiling(0.607, weights, 7)  # DSpark's published 2.5 tokens a step at 7 drafted
+    assert d == 2 and x == pytest.approx(expected_tokens(0.607, 2) / 1.414) and 1.39 < x < 1.41
+    assert ceiling(0.607, weights, 1) == (1, pytest.approx(expected_tokens(0.607, 1) / 1.209))  # capped by --draft-max
+    assert ceiling(0.1, weights, 7) == (0, 1.0)  # nothing beats plain decoding: no draft
+    assert ceiling(0.9, {}, 7) == (0, 1.0) and ceiling(0.9, {2: 0.0}, 7) == (0, 1.0)  # nothing measured
+    assert ceiling(1.0, {k: 1.0 for k in range(1, 9)}, 7) == (7, 8.0)  # free verify, everything accepted
+
+
 def test_sse_payloads_split_on_newlines_only() -> None:
     """A token that decodes to U+2028 or U+0085 sits unescaped in llama-server's JSON: it must not cut the line."""
     import httpx

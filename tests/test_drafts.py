@@ -444,6 +444,11 @@ def test_bench_speculate_measures_the_draft_and_picks_the_best_length(tiny_model
     floor = {r["k"]: r["weights"] for r in spec["verify"]["rows"]}
     assert floor[1] == pytest.approx(1.0) and floor[4] > floor[2] > 1.0
     assert all(w == pytest.approx(weights.read_ratio(k)) for k, w in floor.items())
+    # and, per acceptance, the most a draft of up to 3 tokens could give if each verify cost only those weights
+    for c in spec["choices"]:
+        gains = {d: expected_tokens(c["acceptance"], d) / floor[d + 1] for d in (1, 2, 3)}
+        d = max(gains, key=gains.get)
+        assert (c["bound_k"], c["bound_speedup"]) == ((d, pytest.approx(gains[d])) if gains[d] > 1 else (0, 1.0))
 
 
 def test_a_choice_is_measured_at_its_acceptance_made_synthetic(tiny_models: dict[str, Path],
@@ -506,6 +511,7 @@ def test_bench_speculate_prices_an_mtp_draft_per_token(tiny_models: dict[str, Pa
     assert re.search(r"k=2 \d+\.\d\dx \((1\.\d\d)x\), k=3 \d+\.\d\dx \((1\.\d\d)x\)", result.stdout), result.stdout
     rows = [ln for ln in result.stdout.splitlines() if "accepted length 2 at 7 drafted" in ln]
     assert len(rows) == 1 and "x" in rows[0], result.stdout
+    assert re.search(r"\d\.\d\dx \(k [12]\)\s*$", rows[0]) and "at most: the best draft length if every verify" in result.stdout
 
 
 @pytest.mark.parametrize("args, says", [

@@ -37,7 +37,7 @@ from typing import Any
 
 from pyllm_a100.bench.speculate import ACCEPT_LENS, K_REF
 from pyllm_a100.bench.speculate import acceptance_for as acceptance
-from pyllm_a100.bench.speculative import expected_tokens
+from pyllm_a100.bench.speculative import ceiling, expected_tokens
 from pyllm_a100.models.roofline import WeightsPerToken
 
 MULTITOKEN_TABLE = ("<!-- multitoken-table -->", "<!-- /multitoken-table -->")
@@ -346,18 +346,16 @@ def ceilings(rows: Iterable[Mapping[str, Any]], accept_lens: Sequence[float] = A
         key = (r["model"], r["layers"], r.get("experts"))
         w = {x["k"]: x["ratio"] for x in r["weights_read"]}
         v = {x["k"]: x.get("patched_ms") for x in r.get("verify") or []}
+        measured = {k: ms / v[1] for k, ms in v.items() if ms and v.get(1)}
         for L in accept_lens:
             a = acceptance(L, k_ref)
-            ks = [k for k in range(2, k_ref + 2) if k in w]
-            if not ks:
-                continue
             item = out.setdefault(key + (L,), {"model": key[0], "layers": key[1], "experts": key[2], "accept_len": L,
                                                "measured": {}})
-            k = max(ks, key=lambda k: expected_tokens(a, k - 1) / w[k])
-            item["bound"] = {"k": k, "x": round(expected_tokens(a, k - 1) / w[k], 2)}
-            if v.get(1) and any(v.get(k) for k in ks):
-                k = max((k for k in ks if v.get(k)), key=lambda k: expected_tokens(a, k - 1) * v[1] / v[k])
-                item["measured"][r["dispatch"]] = {"k": k, "x": round(expected_tokens(a, k - 1) * v[1] / v[k], 2),
+            d, x = ceiling(a, w, k_ref)  # drafted tokens; the verify forward is d + 1 wide
+            item["bound"] = {"k": d + 1, "x": round(x, 2)}
+            if measured:
+                d, x = ceiling(a, measured, k_ref)
+                item["measured"][r["dispatch"]] = {"k": d + 1, "x": round(x, 2),
                                                    "build": (r.get("labels") or {}).get("patched", "patched")}
     return list(out.values())
 
@@ -374,8 +372,9 @@ def _render_ceilings(rows: Iterable[Mapping[str, Any]]) -> list[str]:
              f"k = 2..{K_REF + 1} (up to DSpark's block of {K_REF}) of the tokens a step yields, E(a, k - 1), over the "
              "step's cost, with the draft free and no host work. Cost = the weights read (`bound`: no kernel does better "
              "at equal bandwidth when tokens pick experts independently) or the patched build's measured k/1 (what the "
-             "kernels allow today). Trained routers that send neighbouring tokens to the same experts lower the bound; "
-             "only real weights say by how much (`pyllm bench speculate` on your model).", "",
+             "kernels allow today). Trained routers that send neighbouring tokens to the same experts read fewer weights and "
+             "raise the bound; only real weights say by how much (`pyllm bench speculate` on your model: its `at most` "
+             "column is this bound).", "",
              "| model | layers | experts | tokens a step (accept length) | bound | " +
              " | ".join(f"measured, {d}" for d in dispatches) + " |",
              "| --- | ---: | ---: | ---: | ---: |" + " ---: |" * len(dispatches)]

@@ -41,7 +41,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ServerError
-from .speculative import DraftRun, VerifyCost, draft_ms_per_step, draft_runs, expected_tokens, projection, verify_cost
+from .speculative import (DraftRun, VerifyCost, ceiling, draft_ms_per_step, draft_runs, expected_tokens, projection,
+                          verify_cost)
 from .throughput import BenchError
 
 if TYPE_CHECKING:
@@ -88,6 +89,10 @@ class Choice:
     # "tokens_per_s", "plain_tokens_per_s", "speedup", "tokens_per_step"}, or {"error"} when the run failed; None when
     # not measured
     measured: dict[str, Any] | None = None
+    # the most any draft length up to --draft-max could give at this acceptance if each verify forward cost only the
+    # weights it must read and drafting were free (speculative.ceiling): drafted tokens and x plain
+    bound_k: int = 0
+    bound_speedup: float = 1.0
 
 
 @dataclasses.dataclass
@@ -145,8 +150,10 @@ def choose(source: str, a: float, cost: VerifyCost, draft: DraftCost, draft_max:
     curve += [{"k": r["k"], "tokens_per_s": r["expected_tokens"] / r["step_ms"] * 1000.0} for r in rows if r["k"] <= draft_max]
     best = max(curve, key=lambda r: r["tokens_per_s"])
     k = int(best["k"])
+    bound_k, bound = ceiling(a, {int(r["k"]): r["weights"] for r in cost.rows if r.get("weights")}, draft_max)
     return Choice(source=source, acceptance=a, best_k=k, tokens_per_step=expected_tokens(a, k),
-                  tokens_per_s=best["tokens_per_s"], speedup=best["tokens_per_s"] / plain, curve=curve)
+                  tokens_per_s=best["tokens_per_s"], speedup=best["tokens_per_s"] / plain, curve=curve,
+                  bound_k=bound_k, bound_speedup=bound)
 
 
 def draft_lengths(draft_max: int) -> list[int]:

@@ -20,7 +20,7 @@ import random
 import re
 import statistics
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +230,19 @@ FORMULA = "speedup(a, k) = E * T_decode / (T_verify(k+1) + T_draft(k)), E = (1 -
 def expected_tokens(a: float, k: int) -> float:
     """Tokens one step yields with k drafted tokens, each accepted with probability a (in order)."""
     return float(k + 1) if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def ceiling(a: float, cost_ratio: Mapping[int, float], max_drafted: int) -> tuple[int, float]:
+    """The most a draft can give at per-token acceptance ``a`` when drafting is free and the host adds nothing: the best
+    over 1..max_drafted drafted tokens d of E(a, d) / cost_ratio[d + 1], as (d, x plain); (0, 1.0) when no length beats
+    plain decoding. cost_ratio: {k: a k-token forward's cost / a one-token step's}, either the weights it must read
+    (VerifyCost rows' "weights": the bandwidth bound, which no kernel beats) or the measured step ("ratio")."""
+    best = (0, 1.0)
+    for d in range(1, max_drafted + 1):
+        r = cost_ratio.get(d + 1)
+        if r and expected_tokens(a, d) / r > best[1]:
+            best = (d, expected_tokens(a, d) / r)
+    return best
 
 
 def projection(cost: VerifyCost, *, acceptances: Sequence[float] = (0.5, 0.7, 0.9), draft_ms_per_token: float = 0.0,

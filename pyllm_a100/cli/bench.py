@@ -281,9 +281,13 @@ def speculate_cmd(
     print_table(f"plain decoding: {spec.plain_tps:.1f} tokens/s; with the draft, at the best draft length (projected from "
                 "the costs above; measured: served at that length with that acceptance made synthetic, beside a plain run)",
                 ["acceptance from", "a per token", "best k", "tokens per step", "tokens/s", "x plain", "measured tokens/s",
-                 "measured x plain"],
+                 "measured x plain", "at most x plain"],
                 [[c.source, f"{c.acceptance:.3f}", str(c.best_k) if c.best_k else "0 (no draft)", f"{c.tokens_per_step:.2f}",
-                  f"{c.tokens_per_s:.1f}", f"{c.speedup:.2f}x", *measured(c)] for c in spec.choices])
+                  f"{c.tokens_per_s:.1f}", f"{c.speedup:.2f}x", *measured(c),
+                  f"{c.bound_speedup:.2f}x (k {c.bound_k})" if c.bound_k else "1.00x"] for c in spec.choices])
+    print("at most: the best draft length if every verify forward cost only the weights it must read (its tokens sent "
+          "to experts independently) and drafting were free; no kernel does better, trained routing that reuses "
+          "experts across neighbouring tokens can (docs/performance.md)")
     failed = next((c.measured["error"] for c in spec.choices if c.measured and "error" in c.measured), None)
     if failed:
         print(f"measured: not run ({failed}); the projection stands unchecked")
