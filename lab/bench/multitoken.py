@@ -365,6 +365,7 @@ def _render_ceilings(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     if not items:
         return []
     dispatches = sorted({d for c in items for d in c["measured"]}, key=lambda d: (d != "native", d))
+
     def cell(c: Mapping[str, Any] | None) -> str:
         return "-" if not c else f"{c['x']:.2f}x (k = {c['k']}" + (f", {c['build']})" if c.get("build") else ")")
 
