@@ -186,6 +186,18 @@ def probe(bin_dir: str | os.PathLike[str], env: Mapping[str, str], timeout: floa
     return {"program": None, "reported_capability": None, "problem": f"no llama.cpp program in {bin_dir}"}
 
 
+def server_record(dispatch: str, log_text: str, bin_dir: str | os.PathLike[str], env: Mapping[str, str]) -> dict[str, object]:
+    """record() of a llama-server log. llama-server logs no ggml-cuda device line, so when its log names no capability
+    the build's ``--list-devices`` under the same environment (the shim included) answers instead (probe, text left
+    out)."""
+    rec = record(dispatch, log_text)
+    if rec["reported_capability"] is None:
+        asked = probe(bin_dir, env)
+        rec = dict(record(dispatch, asked["text"]), program=asked["program"]) if asked["program"] else \
+            dict(rec, program=None, problem=asked["problem"])
+    return rec
+
+
 class Dispatcher:
     """A script's dispatch settings: the default for columns without ``@``, the shim (built once, on first need)."""
 

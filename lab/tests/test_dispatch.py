@@ -67,6 +67,30 @@ def test_the_proof_is_llama_cpps_own_device_line() -> None:
     assert "no 'Device 0" in dispatch.record("native", "")["problem"]
 
 
+def stand_in_server(folder: Path, log: str) -> Path:
+    """A stand-in llama-server whose --list-devices prints ``log`` on stderr, as ggml-cuda's start-up does."""
+    folder.mkdir()
+    exe = folder / "llama-server"
+    exe.write_text("#!/bin/sh\ncat <<'EOF' >&2\n" + log + "EOF\n")
+    exe.chmod(0o755)
+    return folder
+
+
+def test_a_server_log_without_a_device_line_is_answered_by_list_devices(tmp_path: Path) -> None:
+    """llama-server logs no ggml-cuda device line: server_record then asks the build's --list-devices and checks it
+    against the dispatch asked for; a log that has the line keeps its own record."""
+    env = dict(os.environ, LD_PRELOAD="")
+    served = "main: server is listening on http://127.0.0.1:8080\n"
+    a100 = stand_in_server(tmp_path / "a100", A100_LOG)
+    assert dispatch.server_record("a100", served, a100, env) == {
+        "dispatch": "a100", "reported_capability": "8.0", "shim_line": True, "program": "llama-server"}
+    h200 = stand_in_server(tmp_path / "h200", H200_LOG)
+    assert "did not take" in dispatch.server_record("a100", served, h200, env)["problem"]
+    assert dispatch.server_record("native", H200_LOG, tmp_path / "missing", env) == dispatch.record("native", H200_LOG)
+    missing = dispatch.server_record("native", served, tmp_path / "missing", env)
+    assert missing["reported_capability"] is None and "no llama.cpp program" in missing["problem"]
+
+
 def test_every_entry_point_takes_the_same_options(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     dispatch.add_arguments(parser)
