@@ -2,7 +2,7 @@
 
 Each is a small Python script that answers like the real program, prints ggml-cuda's device line on stderr with
 compute capability 8.0 when the a100-dispatch shim is in LD_PRELOAD (9.0 otherwise), and is a little faster when it
-runs from a folder whose name says "patched": enough for the scripts' plumbing (columns, dispatch, parsing, JSON)
+runs from a folder whose name says "patched" (and slower with GGML_CUDA_DISABLE_GRAPHS set): enough for the scripts' plumbing (columns, dispatch, parsing, JSON)
 to be tested end to end.
 """
 
@@ -19,7 +19,7 @@ import json, os, sys
 args = sys.argv[1:]
 a100 = "a100-dispatch" in os.environ.get("LD_PRELOAD", "")
 here = os.path.dirname(os.path.abspath(sys.argv[0]))
-speed = (0.6 if "patched" in here else 1.0) * (1.02 if a100 else 1.0)
+speed = (0.6 if "patched" in here else 1.0) * (1.02 if a100 else 1.0) * (1.5 if os.environ.get("GGML_CUDA_DISABLE_GRAPHS") else 1.0)
 sys.stderr.write("ggml_cuda_init: found 1 CUDA devices (Total VRAM: 143167 MiB):\n")
 sys.stderr.write(f"  Device 0: NVIDIA H200, compute capability {'8.0' if a100 else '9.0'}, VMM: yes, VRAM: 143167 MiB\n")
 if "--list-devices" in args:

@@ -147,7 +147,9 @@ def run(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.C
                                           (["--accept-lens", "9"], "accepted length 9"),
                                           (["--report-as", "cand=patched"], "ROLE=VALUE"),
                                           (["--shapes-into", "/"], "--shapes-into"),
-                                          (["--shapes-into", "/no/such/folder/s.json"], "--shapes-into")])
+                                          (["--shapes-into", "/no/such/folder/s.json"], "--shapes-into"),
+                                          (["--alias", "nographs=patched"], "NAME=BUILD,VAR=VALUE"),
+                                          (["--alias", "=patched,X=1"], "NAME=BUILD,VAR=VALUE")])
 def test_bad_arguments_are_one_usage_error(args: list[str], message: str, tmp_path: Path) -> None:
     result = run("--work", str(tmp_path), *args, "report")
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
@@ -181,6 +183,23 @@ def test_stages_over_stand_ins_mix_dispatches_in_one_run(tmp_path: Path) -> None
     assert any("pin-bin/llama-bench" in c and "-d 512" in c for c in programs["pin@a100"])
     assert "gpu-multitoken" in data["commands"]["stages"]["verify"] and "draft" not in data["commands"]["stages"]
     assert "| a100 | patched |" in result.stdout  # the report stage prints the rendered section
+
+
+def test_an_alias_runs_its_builds_programs_with_its_environment(tmp_path: Path) -> None:
+    """--alias nographs=patched,GGML_CUDA_DISABLE_GRAPHS=1: a column that runs patched-bin's llama-bench with CUDA
+    graphs off (the stand-in is 1.5x slower then), under either dispatch."""
+    work = tmp_path / "work"
+    fakes.builds(work)
+    shim = fakes.dummy_shim(tmp_path / "shim")
+    result = run("--work", str(work), "--dispatch-shim", str(shim), "--models", "v4-4l", "--k", "1,2",
+                 "--alias", "nographs=patched,GGML_CUDA_DISABLE_GRAPHS=1", "--columns", "patched,nographs,nographs@a100",
+                 "verify", env=dict(fakes.env_without_preload(), OUT=str(tmp_path / "out")))
+    assert result.returncode == 0, result.stdout + result.stderr
+    verify = json.loads((work / "mt" / "verify.json").read_text())
+    ms = {r["column"]: r["k_ms"]["2"] for r in verify["runs"]}
+    assert ms["nographs"] == pytest.approx(1.5 * ms["patched"]) and ms["nographs@a100"] == pytest.approx(1.02 * ms["nographs"])
+    assert all("patched-bin/llama-bench" in c for c in verify["commands"]["nographs@a100"])
+    assert verify["dispatch"]["nographs@a100"]["reported_capability"] == "8.0"
 
 
 def test_gpu_ab_table_compares_two_builds_per_dispatch(tmp_path: Path) -> None:
