@@ -82,7 +82,11 @@ def _llama_bench_split(tensor_split: str | None) -> list[str]:
 def verify_cost(model: str | os.PathLike[str], ks: Sequence[int], *, depth: int = 512, decode_tokens: int = 16,
                 repetitions: int = 5, tensor_split: str | None = None, env: dict[str, str] | None = None,
                 extra_args: Sequence[str] = (), timeout: float = 1800) -> VerifyCost:
-    """One llama-bench run: ``-p k1,k2,... -n decode_tokens -d depth -r repetitions -o json``."""
+    """One llama-bench run: ``-p k1,k2,... -n decode_tokens -d depth -r repetitions -o json``.
+
+    Keep ``repetitions`` at 5 or more: a k-token forward runs without its CUDA graph on the first repetitions (the
+    graph is captured, then replayed), and only a median of 5 is a replay, which is what a server's repeated verify
+    runs. With 3, GLM-5's 2-token forward measured 1.55x a step against 1.17x (lab/notes/gpu-report.md)."""
     from ..build.native import binary
     from ..models.gguf_files import resolve_model
     from ..models.roofline import weights_per_token
