@@ -60,27 +60,24 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
         if job[1] == "after":
             assert set(job[3].split(",")) <= set(seen), f"{name} waits for {job[3]}, queued: {seen}"
         seen.append(name)
-    # one call that builds what it measures; the timing job alone on the GPU after both builds and the models
-    assert seen == ["bpatched", "models", "bcand", "verify"]
-    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"bcand": "bpatched", "verify": "bcand,models"}
+    # one call that builds what it measures; the timing jobs one after another, alone on the GPU
+    assert seen == ["bpatched", "models", "verify", "batched"]
+    assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"verify": "bpatched,models", "batched": "verify"}
     text = "\n".join(shlex.join(j) for j in jobs)
-    assert "patches-probe" not in text  # probes cost host time: not in a timing comparison
+    assert "patches-probe" not in text and "patches-measured" not in text  # the shipped series only
     build = next(j for j in jobs if j[2] == "bpatched")
     assert build[build.index("--patches") + 1] == "all" and "--sass90" in build
-    cand = next(j for j in jobs if j[2] == "bcand")
-    assert cand[cand.index("--extend") + 1] == "patched"
-    assert (REPO / cand[cand.index("--patches") + 1]).is_file()  # 0043, kept in lab/patches-measured
     calls = [c for j in jobs for c in python_commands(j) if c[0].endswith("gpu-multitoken")]
     stage = {c[-1]: c for c in calls}
-    assert set(stage) == {"models", "verify"}
-    models = stage["models"][stage["models"].index("--write") + 1].split(",")
-    verify = stage["verify"]
-    assert verify[verify.index("--models") + 1].split(",") == models == ["glm5-12l", "v4-4l-256", "v4-4l"]
+    assert set(stage) == {"models", "verify", "batched"}
+    verify, batched = stage["verify"], stage["batched"]
+    assert stage["models"][stage["models"].index("--write") + 1] == verify[verify.index("--models") + 1] == "v4-43l"
+    assert batched[batched.index("--batched-model") + 1] == "v4-43l"
     assert stage["models"][stage["models"].index("--drafts") + 1] == ""  # no draft files: nothing here serves one
-    assert int(verify[verify.index("--reps") + 1]) >= 5  # capture on the 2nd repetition, replays from the 3rd: a replay is the median
-    columns = verify[verify.index("--columns") + 1].split(",")
-    assert {c.split("@")[0] for c in columns} == {"patched", "nographs", "cand"} and len(columns) == 6
-    assert verify[verify.index("--alias") + 1] == "nographs=patched,GGML_CUDA_DISABLE_GRAPHS=1"
+    assert int(verify[verify.index("--reps") + 1]) >= 5  # capture on an early repetition, replays after: a replay is the median
+    assert verify[verify.index("--columns") + 1] == batched[batched.index("--columns") + 1] == "patched,patched@a100"
+    assert {7, 8} <= {int(k) for k in verify[verify.index("--k") + 1].split(",")}  # the 7 -> 8 step
+    assert 16 in [int(n) for n in batched[batched.index("--npl") + 1].split(",")]  # issue 42's 16 sequences
 
 
 def test_the_plans_model_is_glm5_with_its_dense_and_moe_layers() -> None:
