@@ -149,7 +149,9 @@ def run(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.C
                                           (["--shapes-into", "/"], "--shapes-into"),
                                           (["--shapes-into", "/no/such/folder/s.json"], "--shapes-into"),
                                           (["--alias", "nographs=patched"], "NAME=BUILD,VAR=VALUE"),
-                                          (["--alias", "=patched,X=1"], "NAME=BUILD,VAR=VALUE")])
+                                          (["--alias", "=patched,X=1"], "NAME=BUILD,VAR=VALUE"),
+                                          (["--alias", "patched=patched,X=1"], "already a column's name"),
+                                          (["--alias", "ng=patched,X=1", "--alias", "ng=pin,X=1"], "already a column's name")])
 def test_bad_arguments_are_one_usage_error(args: list[str], message: str, tmp_path: Path) -> None:
     result = run("--work", str(tmp_path), *args, "report")
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
