@@ -86,7 +86,7 @@ def verify_cost(model: str | os.PathLike[str], ks: Sequence[int], *, depth: int 
 
     Keep ``repetitions`` at 5 or more: a k-token forward runs without its CUDA graph on the first repetitions (the
     graph is captured, then replayed), and only a median of 5 is a replay, which is what a server's repeated verify
-    runs. With 3, GLM-5's 2-token forward measured 1.55x a step against 1.17x (lab/notes/gpu-report.md)."""
+    runs. With 3, GLM-5's 2-token forward measured 1.55x a step against 1.17x (docs/performance.md)."""
     from ..build.native import binary
     from ..models.gguf_files import resolve_model
     from ..models.roofline import weights_per_token
