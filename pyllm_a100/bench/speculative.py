@@ -244,8 +244,9 @@ def ceiling(a: float, cost_ratio: Mapping[int, float], max_drafted: int) -> tupl
     best = (0, 1.0)
     for d in range(1, max_drafted + 1):
         r = cost_ratio.get(d + 1)
-        if r and expected_tokens(a, d) / r > best[1]:
-            best = (d, expected_tokens(a, d) / r)
+        x = expected_tokens(a, d) / r if r else 0.0
+        if x > best[1]:
+            best = (d, x)
     return best
 
 
