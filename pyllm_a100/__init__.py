@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .build import bindings as _bindings
-from .build.native import build_info
+from .llamacpp import bindings as _bindings
+from .llamacpp.native import build_info
 
 __version__ = "0.1.0"
 __all__ = ["Llama", "Server", "build_info", "__version__"]

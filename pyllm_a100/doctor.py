@@ -18,7 +18,7 @@ from typing import Any
 
 from .models.gguf_files import resolve_model
 from .devices.gpus import GPU, driver, visible_gpus
-from .build.native import binary, build_info
+from .llamacpp.native import binary, build_info
 from .models.roofline import weights_per_token
 from .serve.server import DEFAULT_PARALLEL
 

@@ -19,8 +19,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .build.bindings import llama_cpp_module
-from .build.native import build_info
+from .llamacpp.bindings import llama_cpp_module
+from .llamacpp.native import build_info
 from .devices.splits import check_against_devices, parse_tensor_split
 from .errors import InvalidArgument, ModelError
 from .models.drafts import DraftError, InProcessUnsupported, check_n_max, refuse_as_model
@@ -161,7 +161,7 @@ class Llama(_llama_cpp.Llama):
         # /dev/null around C calls, which is fragile and hides crash reports. Quiet here
         # means: llama.cpp's log filtered by our callback, llama-cpp-python's own
         # prints captured at the Python level.
-        from .build import bindings
+        from .llamacpp import bindings
 
         bindings.verbose_logs = verbose
         for name, value in SERVER_DEFAULTS.items():

@@ -57,7 +57,7 @@ def run_python(code: str, *, env: dict | None = None, timeout: float = 300) -> s
 
 @pytest.fixture(scope="session")
 def native_dir() -> Path:
-    from pyllm_a100.build.native import native_dir
+    from pyllm_a100.llamacpp.native import native_dir
 
     return native_dir()
 

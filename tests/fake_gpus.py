@@ -40,7 +40,7 @@ fake.nvmlSystemGetCudaDriverVersion_v2 = lambda: 12040
 sys.modules["pynvml"] = fake
 
 if os.environ.get("PYLLM_TEST_FAKE_CUDA", "1") == "1":
-    import pyllm_a100.build.native as _native
+    import pyllm_a100.llamacpp.native as _native
 
     _real = _native.build_info
 

@@ -188,7 +188,7 @@ def test_url_cannot_take_server_side_options() -> None:
 
 
 def test_projection_follows_the_formula() -> None:
-    from pyllm_a100.bench.speculative import VerifyCost, draft_ms_per_token, expected_tokens, projection
+    from pyllm_a100.bench.draft_costs import VerifyCost, draft_ms_per_token, expected_tokens, projection
 
     assert expected_tokens(0.0, 7) == 1.0 and expected_tokens(1.0, 7) == 8.0 and expected_tokens(0.5, 1) == 1.5
     cost = VerifyCost(depth=512, decode_ms=10.0, rows=[{"k": k, "ms": 10.0 + k, "ratio": (10.0 + k) / 10} for k in range(1, 5)],
@@ -201,7 +201,7 @@ def test_projection_follows_the_formula() -> None:
 
 
 def test_the_ceiling_is_the_best_length_over_its_cost() -> None:
-    from pyllm_a100.bench.speculative import ceiling, expected_tokens
+    from pyllm_a100.bench.draft_costs import ceiling, expected_tokens
 
     # DeepSeek-V4's real 256 experts: the weights a k-token forward reads (lab/results/gpu-multitoken-shapes.json)
     weights = {1: 1.0, 2: 1.209, 3: 1.414, 4: 1.613, 5: 1.81, 8: 2.366}

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from pyllm_a100.build import llama_source
-from pyllm_a100.build.native import build_info
+from pyllm_a100.llamacpp import llama_source
+from pyllm_a100.llamacpp.native import build_info
 
 from conftest import REPO
 
@@ -57,7 +57,7 @@ MODEL_SPECIFIC = [
 DESELECTED: dict[str, str] = {}
 BIND_FIRST = """\
 import pyllm_a100  # binds llama_cpp to pyllm-a100's library before the tests import it
-from pyllm_a100.build.bindings import llama_cpp_module, loaded_library
+from pyllm_a100.llamacpp.bindings import llama_cpp_module, loaded_library
 import llama_cpp.llama_cpp
 
 llama_cpp_module()

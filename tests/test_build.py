@@ -75,7 +75,7 @@ def test_server_binary_reports_the_pinned_commit(native_dir: Path) -> None:
 def test_llama_cpp_loads_the_library_inside_our_package(native_dir: Path) -> None:
     code = (
         "import pyllm_a100, llama_cpp, llama_cpp.llama_cpp as l;"
-        "from pyllm_a100.build.bindings import llama_cpp_module; llama_cpp_module();"
+        "from pyllm_a100.llamacpp.bindings import llama_cpp_module; llama_cpp_module();"
         "print(l._lib._name)"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("LLAMA_CPP_LIB_PATH", "MTMD_CPP_LIB")}

@@ -47,7 +47,7 @@ def test_json_flag_help_says_what_models_and_ps_print(tmp_path: Path) -> None:
 
 
 def test_ps_columns_line_up_with_long_names(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from pyllm_a100.cli import serving
+    from pyllm_a100.cli import serve as serving
     from pyllm_a100.serve import state
 
     entries = [

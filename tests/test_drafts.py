@@ -81,7 +81,7 @@ def test_done_when_serve_with_dspark_draft_gives_the_plain_servers_tokens(tiny_m
                                                                           draft_models: dict[str, Path]) -> None:
     """`pyllm serve tiny-deepseek4.gguf --draft tiny-deepseek4-dspark.gguf` == the plain server at temperature 0."""
     from pyllm_a100 import Server
-    from pyllm_a100.bench.spec_check import greedy
+    from pyllm_a100.bench.draft_exactness import greedy
 
     model, draft = tiny_models["tiny-deepseek4"], draft_models["tiny-deepseek4-dspark"]
     with Server(model, port=0, ready_timeout=300) as plain:
@@ -107,7 +107,7 @@ def test_serve_drafts_two_tokens_a_step_unless_told(tiny_models: dict[str, Path]
     --draft-max wins; a small-model draft keeps llama-server's own default. Served: the drafted tokens per step stay
     within 2 (the tiny pair's draft is random, so llama-server drafts the full length every step)."""
     from pyllm_a100 import Server
-    from pyllm_a100.bench.spec_check import greedy
+    from pyllm_a100.bench.draft_exactness import greedy
     from pyllm_a100.models.drafts import DEFAULT_MAX
     from pyllm_a100.serve.server import make_config
 
@@ -130,7 +130,7 @@ def test_serve_drafts_two_tokens_a_step_unless_told(tiny_models: dict[str, Path]
     ("tiny-deepseek4", "tiny-deepseek4-mtp"), ("tiny-glm-dsa", "tiny-glm-dsa-mtp"), ("tiny-deepseek32", "tiny-deepseek32-mtp"),
 ])
 def test_mtp_draft_keeps_greedy_tokens(tiny_models: dict[str, Path], draft_models: dict[str, Path], target: str, draft: str) -> None:
-    from pyllm_a100.bench.spec_check import compare
+    from pyllm_a100.bench.draft_exactness import compare
 
     result = compare(tiny_models[target], draft_models[draft], n_predict=16, ready_timeout=300)
     assert result["spec_type"] == "draft-mtp"
@@ -141,7 +141,7 @@ def test_mtp_draft_keeps_greedy_tokens(tiny_models: dict[str, Path], draft_model
 def test_auto_uses_the_models_own_mtp_block(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     """A GLM-5 GGUF that keeps its NextN block: --draft auto runs draft-mtp on the model's own weights (no -md)."""
     from pyllm_a100 import Server
-    from pyllm_a100.bench.spec_check import PROMPT, compare, greedy
+    from pyllm_a100.bench.draft_exactness import PROMPT, compare, greedy
     from pyllm_a100.synth import synthesize
 
     model = synthesize("tiny-glm-dsa-nextn", tmp_path / "glm" / "model.gguf", seed=SEED).first
@@ -156,7 +156,7 @@ def test_concurrent_requests_with_a_dspark_draft_all_get_the_plain_tokens(server
     """Four clients at once on two slots: each slot drafts for its own sequence; every answer is the plain one."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pyllm_a100.bench.spec_check import greedy
+    from pyllm_a100.bench.draft_exactness import greedy
 
     model = tiny_models["tiny-deepseek4"]
     prompts = ["The quick brown fox", "Hello, world!", "def add(a, b):", "你好，世界"]
@@ -237,7 +237,7 @@ def test_bad_draft_is_refused_in_one_line_before_start(case: str, tiny_models: d
 
 def test_a_small_model_of_the_same_vocabulary_drafts_exactly(tiny_models: dict[str, Path]) -> None:
     """tiny-llama shares tiny-deepseek4's synthetic tokenizer: a plain draft model (draft-simple)."""
-    from pyllm_a100.bench.spec_check import compare
+    from pyllm_a100.bench.draft_exactness import compare
 
     result = compare(tiny_models["tiny-deepseek4"], tiny_models["tiny-llama"], n_predict=16, draft_max=4, ready_timeout=300)
     assert result["spec_type"] == "draft-simple"
@@ -249,7 +249,7 @@ def test_a_draft_on_a_model_that_restores_checkpoints_keeps_greedy_tokens(tiny_m
     """A recurrent model cannot drop rejected tokens in place: llama-server restores a checkpoint and the sampler's copy
     on every partly rejected draft (the path patch 0040 keeps the copy for). A random tiny-llama drafting for tiny-mamba
     is rejected at almost every step, so every step goes through it; the tokens stay those without a draft."""
-    from pyllm_a100.bench.spec_check import compare
+    from pyllm_a100.bench.draft_exactness import compare
 
     result = compare(tiny_models["tiny-mamba"], tiny_models["tiny-llama"], n_predict=32, draft_max=4, ready_timeout=300)
     assert result["spec_type"] == "draft-simple" and result["draft_n"] > 0
@@ -305,7 +305,7 @@ def test_fetch_draft_brings_the_sidecar_and_serve_auto_uses_it(tiny_models: dict
     try:
         (entry,) = json.loads(run_pyllm("ps", "--json", env=env, check=True).stdout)
         assert entry["draft"] == {"path": str(root / "F16" / "dspark-Tiny-DSV4-F16.gguf"), "spec_type": "draft-dspark", "n_max": 2}
-        from pyllm_a100.bench.spec_check import greedy
+        from pyllm_a100.bench.draft_exactness import greedy
 
         _, timings = greedy(entry["url"], "Hello", 8)
         assert timings["draft_n"] > 0
@@ -396,8 +396,8 @@ def test_bench_speculate_measures_the_draft_and_picks_the_best_length(tiny_model
                                                                       draft_models: dict[str, Path]) -> None:
     """issue 42 item 3: the DSpark pair end to end -- verify costs, the draft's own cost per step, the greedy tokens
     unchanged, and per acceptance the draft length whose projected tokens/s is the highest (0: no draft)."""
-    from pyllm_a100.bench.speculate import acceptance_for
-    from pyllm_a100.bench.speculative import expected_tokens
+    from pyllm_a100.bench.draft_length import acceptance_for
+    from pyllm_a100.bench.draft_costs import expected_tokens
 
     result = run_pyllm("bench", "speculate", str(tiny_models["tiny-deepseek4"]), "--draft",
                        str(draft_models["tiny-deepseek4-dspark"]), "--draft-max", "3", "--depth", "32",
@@ -455,8 +455,8 @@ def test_a_choice_is_measured_at_its_acceptance_made_synthetic(tiny_models: dict
                                                                draft_models: dict[str, Path]) -> None:
     """The projection's best k served with llama-server's synthetic acceptance (--spec-synth-len E(a, k)): the random
     DSpark draft, which the target accepts nowhere on its own, yields about E(a, k) tokens a step there."""
-    from pyllm_a100.bench.speculate import Choice, measure_choices, synthetic_args
-    from pyllm_a100.bench.speculative import expected_tokens
+    from pyllm_a100.bench.draft_length import Choice, measure_choices, synthetic_args
+    from pyllm_a100.bench.draft_costs import expected_tokens
     from pyllm_a100.models.drafts import resolve
     from pyllm_a100.models.gguf_files import resolve_model
 
@@ -483,7 +483,7 @@ def test_a_choice_is_measured_at_its_acceptance_made_synthetic(tiny_models: dict
 def test_a_draft_cost_is_the_line_through_two_lengths() -> None:
     """Two draft lengths give a cost per step and per drafted token; noise that makes the longer draft cheaper puts it
     all per step; one length (or two that drafted alike) falls back to the draft's kind."""
-    from pyllm_a100.bench.speculate import draft_cost, draft_lengths
+    from pyllm_a100.bench.draft_length import draft_cost, draft_lengths
 
     cost = draft_cost([(7.0, 4.4), (2.9, 2.5)], per_step=True)  # the sixteenth GPU run's DSpark, natively
     assert cost.per_token_ms == pytest.approx(1.9 / 4.1) and cost.fixed_ms == pytest.approx(4.4 - 7 * 1.9 / 4.1)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pyllm_a100.build import llama_source
-from pyllm_a100.build.llama_source import ChecksumMismatch, Pin, SourceError
+from pyllm_a100.llamacpp import llama_source
+from pyllm_a100.llamacpp.llama_source import ChecksumMismatch, Pin, SourceError
 
 from conftest import REPO, run_pyllm
 

@@ -129,7 +129,7 @@ def test_detached_worker_in_ps_doctor_and_stop(pyllm_home: Path) -> None:
     assert [(e["name"], e["kind"], e["status"], e["url"]) for e in listed] == [("w1", "rpc-worker", "ready", f"rpc://127.0.0.1:{port}")]
     doctor = json.loads(run_pyllm("doctor", "--rpc", f"127.0.0.1:{port}", "--json", check=True).stdout)
     (worker,) = doctor["rpc"]
-    from pyllm_a100.build.native import build_info
+    from pyllm_a100.llamacpp.native import build_info
     assert worker["version"] == build_info()["rpc_protocol"] == "7.0.1"  # patch 0013 made it 7.0.1 (a new op)
     assert worker["devices"] and worker["devices"][0]["total_mib"] > 0
     pid = listed[0]["server_pid"]

@@ -265,7 +265,7 @@ def concurrency(models: Path, args) -> dict:
 
 @phase("verify")
 def verify(models: Path, args) -> dict:
-    from pyllm_a100.bench import speculative as bs
+    from pyllm_a100.bench import draft_costs as bs
 
     model = serving_target(models, args)
     ks = bs.parse_k_range(args.verify_k)
@@ -287,7 +287,7 @@ DRAFT_N_MAX = 7
 @phase("speculative")
 def speculative(models: Path, args) -> dict:
     from pyllm_a100.synth import PRESETS
-    from pyllm_a100.bench import speculative as bs
+    from pyllm_a100.bench import draft_costs as bs
 
     target_preset = "tiny-deepseek4" if args.cpu else "deepseek-v4-flash"
     draft_preset = f"{target_preset}-dspark"

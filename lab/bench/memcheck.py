@@ -66,6 +66,6 @@ def measure(model: str | os.PathLike[str], ctx: int, parallel: int, *, tensor_sp
 
 def _gpu_build_with_gpus() -> bool:
     from pyllm_a100.devices.gpus import visible_gpus
-    from pyllm_a100.build.native import build_info
+    from pyllm_a100.llamacpp.native import build_info
 
     return bool(build_info().get("cuda")) and bool(visible_gpus())

@@ -7,7 +7,7 @@ the native and the A100 dispatch, and what speculative decoding would make of it
 * draft: a synthetic draft's own cost per step (DSpark: its block in one pass; MTP: one NextN forward per drafted
   token): the step with the draft minus the step without it (llama-server timings, acceptance ~0 on random
   weights, so every step verifies the k+1 tokens) minus the extra verify cost verify(k+1) - verify(1), as
-  pyllm_a100/bench/speculative.py's draft_ms_per_step does;
+  pyllm_a100/bench/draft_costs.py's draft_ms_per_step does;
 * projection: for a mean accepted length L per step (accept_len), the per-token acceptance a solving
   E(a, K_REF) = L at the draft length L was measured at (K_REF = 7, DSpark's block), then for each verify width k
   (k - 1 drafted tokens) E(a, k - 1) = (1 - a^k) / (1 - a) tokens per step (speculative.expected_tokens) over
@@ -35,9 +35,9 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pyllm_a100.bench.speculate import ACCEPT_LENS, K_REF
-from pyllm_a100.bench.speculate import acceptance_for as acceptance
-from pyllm_a100.bench.speculative import ceiling, expected_tokens
+from pyllm_a100.bench.draft_length import ACCEPT_LENS, K_REF
+from pyllm_a100.bench.draft_length import acceptance_for as acceptance
+from pyllm_a100.bench.draft_costs import ceiling, expected_tokens
 from pyllm_a100.models.roofline import WeightsPerToken
 
 MULTITOKEN_TABLE = ("<!-- multitoken-table -->", "<!-- /multitoken-table -->")
@@ -45,7 +45,7 @@ MULTITOKEN_SHAPES = ("<!-- multitoken-shapes -->", "<!-- /multitoken-shapes -->"
 DRAFTS = {"dspark": {"spec_type": "draft-dspark", "preset": "deepseek-v4-flash-dspark", "per_token": False, "max_draft": 7},
           "mtp": {"spec_type": "draft-mtp", "preset": "deepseek-v4-flash-mtp", "per_token": True, "max_draft": 15}}
 PROJECTION_RULE = (f"a solves E(a, {K_REF}) = accept_len (E(a, d) = (1 - a^(d+1)) / (1 - a), "
-                   "pyllm_a100/bench/speculative.py); for verify width k (k - 1 drafted tokens): projected_tps = "
+                   "pyllm_a100/bench/draft_costs.py); for verify width k (k - 1 drafted tokens): projected_tps = "
                    "E(a, k - 1) / (verify_ms(k) + draft_ms(k)) x 1000, draft_ms(k) = the draft's per-step cost (DSpark, "
                    "k - 1 <= its block) or its per-token cost x (k - 1) (MTP); k = 1 is plain decoding; patched build")
 

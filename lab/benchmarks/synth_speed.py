@@ -40,7 +40,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()), help="folder the models are written to")
     args = parser.parse_args()
-    from pyllm_a100.build.native import native_dir
+    from pyllm_a100.llamacpp.native import native_dir
 
     old = Path(tempfile.mkdtemp(prefix="synth-baseline-"))
     packed = subprocess.run(["git", "-C", str(REPO), "archive", args.baseline, "pyllm_a100"], check=True, capture_output=True).stdout

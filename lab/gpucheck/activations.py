@@ -20,7 +20,7 @@ import ctypes, json, re, sys
 import numpy as np
 from pyllm_a100 import Llama  # noqa: F401  (binds llama_cpp to this package's library)
 import llama_cpp as L
-from pyllm_a100.build.native import native_dir
+from pyllm_a100.llamacpp.native import native_dir
 
 job = json.loads(sys.argv[1])
 g = ctypes.CDLL(str(native_dir() / "libggml-base.so"))
@@ -211,7 +211,7 @@ class Synth:
 
             synthesize(preset, path, seed=seed)
         else:
-            from pyllm_a100.build.native import native_dir
+            from pyllm_a100.llamacpp.native import native_dir
 
             env = dict(os.environ, PYLLM_NATIVE_DIR=str(native_dir()))
             subprocess.run([sys.executable, "-c", SYNTH_AT, str(self.src), preset, str(path), str(seed)],

@@ -164,7 +164,7 @@ def real_model(model: Path, models: Path) -> dict:
 
     import httpx
 
-    from pyllm_a100.build.native import build_info
+    from pyllm_a100.llamacpp.native import build_info
     from pyllm_a100.devices.gpus import visible_gpus
     from pyllm_a100.serve.server import Server
 

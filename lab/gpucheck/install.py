@@ -64,14 +64,14 @@ def install(archive: Path, wheels: Path | None, site: Path) -> dict:
 
 @step("build-info")
 def build_info() -> dict:
-    from pyllm_a100.build.native import build_info as info
+    from pyllm_a100.llamacpp.native import build_info as info
 
     return info()
 
 
 @step("cuobjdump")
 def cuobjdump() -> dict:
-    from pyllm_a100.build.native import native_dir
+    from pyllm_a100.llamacpp.native import native_dir
 
     lib = native_dir() / "libggml-cuda.so"
     elf = sh(["cuobjdump", "--list-elf", str(lib)])

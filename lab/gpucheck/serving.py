@@ -234,7 +234,7 @@ DRAFT_PAIRS = (("tiny-deepseek4", "tiny-deepseek4-dspark"), ("tiny-deepseek4", "
 def drafts(models: Path, layers: int, pairs: tuple = DRAFT_PAIRS,
            real: tuple[str, str] = ("deepseek-v4-flash", "deepseek-v4-flash-dspark")) -> dict:
     """Greedy tokens with == without each synthetic draft; the real-shape V4 with its DSpark draft at 7 tokens."""
-    from pyllm_a100.bench.spec_check import compare
+    from pyllm_a100.bench.draft_exactness import compare
     from pyllm_a100.synth import synthesize
 
     RESULTS["drafts"] = out = {"tiny": [], "real_shape": None}

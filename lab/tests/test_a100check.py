@@ -177,7 +177,7 @@ def test_crash_sweep_through_the_cpu_llama_server(tmp_path: Path) -> None:
     """The soak stage with this package's CPU llama-server standing for the patched build (native dispatch: no GPU):
     tiny-llama lengths 1..6 and the "4-layer V4" (here tiny DeepSeek-V4, UD mix), then -ub 3 and 1 (--ub-values in place
     of --ub's 1..N) at lengths 1..5; 0 crashes."""
-    from pyllm_a100.build.native import native_dir
+    from pyllm_a100.llamacpp.native import native_dir
     from pyllm_a100.synth import synthesize
 
     work = tmp_path / "work"

@@ -226,7 +226,7 @@ def test_kld_gap_matrix_on_the_cpu(smollm2: Path, tmp_path: Path) -> None:
     rounding; Q8_0 and Q4_0 (Q8_0 embeddings as in the Q4_1 file) re-round those weights, Q4_0 badly on so small a
     model; rows flat; the table."""
     from lab.gpucheck import kld_gap
-    from pyllm_a100.build.native import native_dir
+    from pyllm_a100.llamacpp.native import native_dir
 
     result = kld_gap.gap(native_dir(), smollm2, tmp_path / "out", tmp_path / "work", dispatcher=dispatch.Dispatcher(),
                          ctx=256, chunks=2, threads=2, gpu=False)

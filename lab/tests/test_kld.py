@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def native() -> Path:
-    from pyllm_a100.build.native import native_dir
+    from pyllm_a100.llamacpp.native import native_dir
 
     return native_dir()
 

@@ -272,8 +272,8 @@ def test_shapes_rows_and_their_section() -> None:
 
 
 def test_ceilings_take_the_best_width_against_the_weights_read_and_against_the_measured_step() -> None:
-    from pyllm_a100.bench.speculate import acceptance_for
-    from pyllm_a100.bench.speculative import expected_tokens
+    from pyllm_a100.bench.draft_length import acceptance_for
+    from pyllm_a100.bench.draft_costs import expected_tokens
 
     rows = shapes_data()["rows"]
     items = mt.ceilings(rows)
@@ -370,7 +370,7 @@ def test_probe_serves_each_variant_and_compares_the_greedy_tokens(tmp_path: Path
     """The probe stage over the real CPU build of this checkout's llama-server (the installed package's): the tiny
     DeepSeek-V4 as the draft target and its DSpark draft; a variant's KEY=VALUE words go to the server's environment,
     not its argv (else llama-server would refuse the word and the variant would record an error)."""
-    from pyllm_a100.build.native import native_dir
+    from pyllm_a100.llamacpp.native import native_dir
     from pyllm_a100.synth import synthesize
 
     work = tmp_path / "work"

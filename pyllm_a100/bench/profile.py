@@ -140,7 +140,7 @@ def one_step(first: dict[str, tuple[int, float]], second: dict[str, tuple[int, f
 
 def profile_decode_step(model: str | os.PathLike[str], *, llama_bench: Path | None = None,
                         extra_args: tuple[str, ...] = ("-ngl", "99", "-fa", "1")) -> StepProfile:
-    from ..build.native import binary
+    from ..llamacpp.native import binary
     from ..models.gguf_files import resolve_model
 
     ncu = shutil.which("ncu")

@@ -7,11 +7,11 @@ import sys
 
 import typer
 
-from ..build import llama_source
+from ..llamacpp import llama_source
 from ..errors import PyllmError
-from . import bench, doctor, generate, models, serving
+from . import bench, doctor, generate, models, serve
 from .common import err
-from .service import service_app
+from .systemd import service_app
 from .vendor import vendor_app
 
 
@@ -48,20 +48,20 @@ app.add_typer(vendor_app, name="vendor")
 # Registered here, in this order: the order of `pyllm --help`.
 app.command("build-info")(doctor.build_info_cmd)
 app.command("synth")(models.synth_cmd)
-app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serving.serve_cmd)
+app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve.serve_cmd)
 app.command("generate")(generate.generate_cmd)
 app.command("demo")(generate.demo_cmd)
 app.command("doctor")(doctor.doctor_cmd)
 app.command("fetch")(models.fetch_cmd)
 app.command("models")(models.models_cmd)
-app.command("rpc-worker")(serving.rpc_worker_cmd)
+app.command("rpc-worker")(serve.rpc_worker_cmd)
 app.add_typer(bench.bench_app, name="bench")
 app.command("tune")(bench.tune_cmd)
-app.command("_supervise", hidden=True)(serving.supervise_cmd)
-app.command("ps")(serving.ps_cmd)
-app.command("stop")(serving.stop_cmd)
-app.command("logs")(serving.logs_cmd)
-app.command("metrics")(serving.metrics_cmd)
+app.command("_supervise", hidden=True)(serve.supervise_cmd)
+app.command("ps")(serve.ps_cmd)
+app.command("stop")(serve.stop_cmd)
+app.command("logs")(serve.logs_cmd)
+app.command("metrics")(serve.metrics_cmd)
 app.add_typer(service_app, name="service")
 
 

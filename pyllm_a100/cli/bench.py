@@ -177,9 +177,9 @@ def verify_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """One forward of k tokens (a speculative verify step) against one decode step, with llama-bench."""
-    from ..bench import speculative
+    from ..bench import draft_costs
 
-    cost = speculative.verify_cost(model, speculative.parse_k_range(k), depth=depth, tensor_split=tensor_split)
+    cost = draft_costs.verify_cost(model, draft_costs.parse_k_range(k), depth=depth, tensor_split=tensor_split)
     if as_json:
         print(json.dumps(cost.as_row(), indent=2))
         return
@@ -199,9 +199,9 @@ def draft_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Draft acceptance and step cost against no draft, with the same greedy tokens checked."""
-    from ..bench import speculative
+    from ..bench import draft_costs
 
-    run = speculative.draft_run(model, shlex.split(spec_args), prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
+    run = draft_costs.draft_run(model, shlex.split(spec_args), prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
                                 requests=repeat, tensor_split=tensor_split)
     if as_json:
         print(json.dumps(run.as_row(), indent=2))
@@ -249,9 +249,9 @@ def speculate_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """What a draft will give here: its cost, the verify cost per k, the best draft length and tokens/s per acceptance."""
-    from ..bench import speculate
+    from ..bench import draft_length
 
-    spec = speculate.speculate(model, draft, draft_max=draft_max, accept_lens=_floats(accept_len, "--accept-len"),
+    spec = draft_length.speculate(model, draft, draft_max=draft_max, accept_lens=_floats(accept_len, "--accept-len"),
                                rates=_floats(acceptance, "--acceptance"), depth=depth, prompt_tokens=prompt_tokens,
                                gen_tokens=gen_tokens, requests=repeat, tensor_split=tensor_split, measure=measure)
     if as_json:
@@ -272,7 +272,7 @@ def speculate_cmd(
         print(f"plain decoding: {spec.plain_tps:.1f} tokens/s; the draft proposed nothing on this run's prompts: give "
               "--accept-len or --acceptance to project what it would give")
         return
-    def measured(c: speculate.Choice) -> list[str]:
+    def measured(c: draft_length.Choice) -> list[str]:
         m = c.measured
         if m and "error" in m:
             return ["not run", "-"]

@@ -14,7 +14,7 @@ from .common import MODEL_HELP, JsonFlag, out
 
 def build_info_cmd(as_json: JsonFlag = False) -> None:
     """What was built: llama.cpp commit and source, CUDA version and architectures, paths."""
-    from ..build.native import build_info
+    from ..llamacpp.native import build_info
 
     info = build_info()
     if as_json:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..build import llama_source
+from ..llamacpp import llama_source
 
 vendor_app = typer.Typer(help="The pinned llama.cpp source (offline and intranet builds).", no_args_is_help=True)
 
@@ -29,7 +29,7 @@ def vendor_pack(
     Then, on the offline machine: pip install -r requirements.txt -C cmake.define.PYLLM_LLAMA_CPP_SOURCE=OUT.tar.gz .
     (-r requirements.txt: the bindings without a second llama.cpp build, as in the README.)
     """
-    from ..build.native import build_info
+    from ..llamacpp.native import build_info
 
     pin = llama_source.Pin(**build_info()["pin"])
     if source is None:

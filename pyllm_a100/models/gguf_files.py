@@ -167,7 +167,7 @@ def _read_gguf(path: Path) -> Header:
     except HeaderError as exc:
         unknown = re.search(r"tensor '([^']*)' has invalid ggml type (\d+)", str(exc))
         if unknown:  # e.g. NVFP4 (40) read by a llama.cpp older than the type: refuse before a long load fails
-            from ..build.native import build_info
+            from ..llamacpp.native import build_info
 
             kind = {"39": "MXFP4", "40": "NVFP4"}.get(unknown[2], f"GGML type {unknown[2]}")
             raise NotAGGUF(f"{path} holds {kind} tensors ({unknown[1]}, ...) that this build's llama.cpp "
@@ -183,7 +183,7 @@ def _read_gguf(path: Path) -> Header:
 
 def known_architectures() -> list[str] | None:
     """Architectures the installed llama.cpp build knows, from build_info.json (None if unknown)."""
-    from ..build.native import build_info
+    from ..llamacpp.native import build_info
 
     return build_info().get("architectures")
 
@@ -234,7 +234,7 @@ def resolve_model(spec: str | os.PathLike[str], *, check_arch: bool = True) -> M
         raise NotAGGUF(f"{first} has no general.architecture key: it is not a llama.cpp model file")
     archs = known_architectures() if check_arch else None
     if archs is not None and arch not in archs:
-        from ..build.native import build_info
+        from ..llamacpp.native import build_info
 
         info = build_info()
         raise UnknownArchitecture(

@@ -15,7 +15,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from ..build.native import native_dir
+from ..llamacpp.native import native_dir
 
 # gguf.h: enum gguf_type
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)

@@ -97,7 +97,7 @@ def explain(log: str, code: int | None, config: Any = None, *, log_path: Path | 
         )
     if "no kernel image is available for execution on the device" in log:
         from ..devices.gpus import visible_gpus
-        from ..build.native import build_info
+        from ..llamacpp.native import build_info
 
         archs = ",".join(build_info().get("cuda_architectures") or []) or "none"
         gpus = ", ".join(f"{g.name} (sm_{g.sm})" for g in visible_gpus()) or "the GPU"

@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import NativeBuildNotFound, RpcError
-from ..build.native import binary, build_info
+from ..llamacpp.native import binary, build_info
 from .process import ManagedProcess
 from .net import bind_refusal, host_problem, is_loopback
 

@@ -28,7 +28,7 @@ import httpx
 from . import failures, tensor_mode
 from ..errors import GpuSelectionError, PortInUse, ServerConfigError
 from ..models.gguf_files import ModelFiles, resolve_model
-from ..build.native import binary, build_info
+from ..llamacpp.native import binary, build_info
 from ..models.capacity import DEFAULT_SLOTS, Budget, Capacity
 from .net import bind_refusal, free_port, host_problem, is_loopback
 from .options import DEFAULT_QUEUE_TIMEOUT

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..build.native import build_info
+from ..llamacpp.native import build_info
 from ..errors import ServerConfigError
 
 FLASH_ATTN = ("-fa", "--flash-attn")

@@ -61,7 +61,7 @@ def parse_size(text: str | int | None) -> int:
 
 
 def _chat_template(family: str) -> str | None:
-    from ..build.native import native_dir
+    from ..llamacpp.native import native_dir
 
     path = native_dir() / "templates" / chat_template_name(family)
     return path.read_text() if path.is_file() else None

@@ -113,7 +113,7 @@ class Prepared:
 
 
 def _cuda_build() -> bool:
-    from ..build.native import build_info
+    from ..llamacpp.native import build_info
 
     return bool(build_info().get("cuda"))
 

@@ -41,7 +41,7 @@ def _print_ready(url: str, served_name: str, api_key: str | None, key_file: str 
         auth = f" -H \"Authorization: Bearer $(cat {shlex.quote(key_file)})\""
     body = json.dumps({"model": served_name, "messages": [{"role": "user", "content": "Hello"}]})
     print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d {shlex.quote(body)}")
-    from ..build.native import build_info
+    from ..llamacpp.native import build_info
 
     if build_info().get("ui"):
         print(f"  web UI: {url}/" + ("  (it asks for the API key)" if key_file else ""))
@@ -57,7 +57,7 @@ def _serve(ctx: typer.Context, **values) -> None:
     Configuration errors exit 78 (EX_CONFIG), other failures 1.
     """
     from ..errors import CONFIG_ERRORS, EX_CONFIG
-    from ..serve.service import ServeRequest
+    from ..serve.launch import ServeRequest
 
     try:
         _serve_request(ServeRequest(**values, extra_args=list(ctx.args)))
@@ -101,10 +101,10 @@ serve_cmd = _command_from_options(_serve)
 
 
 def _serve_request(request) -> None:
-    from ..serve import service
+    from ..serve import launch
 
     api_key = request.api_key
-    prepared = service.prepare(request)
+    prepared = launch.prepare(request)
     _warn_overlaps(prepared)
     if prepared.config.rpc:
         _print_devices(prepared.config.rpc, prepared.config.tensor_split)
@@ -129,9 +129,9 @@ def _serve_request(request) -> None:
         err.print(f"plan: {cfg.capacity.summary()}", highlight=False)
     bar, update = _progress_printer(cfg.model.name)
     if request.detach:
-        proc = service.start_detached(prepared)
+        proc = launch.start_detached(prepared)
         with bar:
-            data = service.wait_detached(prepared, proc, on_progress=update)
+            data = launch.wait_detached(prepared, proc, on_progress=update)
         _print_ready(cfg.public_url, cfg.served_name, key, prepared.request.api_key_file,
                      prepared.generated_key is not None, (data.get("progress") or {}).get("seconds"))
         print(f"detached as {prepared.directory.name} (supervisor pid {proc.pid}); pyllm logs {prepared.directory.name} -f; pyllm stop {prepared.directory.name}")
@@ -145,16 +145,16 @@ def _serve_request(request) -> None:
 
     started = time.monotonic()
     with bar:
-        code = service.run(prepared, on_progress=update, on_ready=ready,
+        code = launch.run(prepared, on_progress=update, on_ready=ready,
                            on_event=lambda m: err.print(m, highlight=False, soft_wrap=True, markup=False))
     sys.exit(code)
 
 
 def _warn_overlaps(prepared) -> None:
     from ..devices.gpus import format_gpu_list
-    from ..serve import service
+    from ..serve import launch
 
-    for other, shared in service.overlapping(prepared):
+    for other, shared in launch.overlapping(prepared):
         err.print(f"[yellow]warning:[/] GPU {format_gpu_list(shared)} also used by {other} (pyllm ps): the two servers share "
                   "its memory and compute; choose apart with --gpus, e.g. 0-3 and 4-7", highlight=False)
 
@@ -185,19 +185,19 @@ def rpc_worker_cmd(
     restart: Annotated[Optional[int], typer.Option(help="Restarts after a crash (default: 3 detached, 0 in the foreground).")] = None,
 ) -> None:
     """Run llama.cpp's rpc-server from this build, supervised, so pyllm serve --rpc can put layers here."""
-    from ..serve import service
+    from ..serve import launch
     from ..serve.rpc import NO_AUTH_WARNING
 
-    request = service.WorkerRequest(host=host, port=port, devices=device, cache=cache, threads=threads,
+    request = launch.WorkerRequest(host=host, port=port, devices=device, cache=cache, threads=threads,
                                     allow_network=allow_network, name=name,
                                     restart=restart if restart is not None else (3 if detach else 0))
-    prepared = service.prepare_worker(request)
+    prepared = launch.prepare_worker(request)
     if allow_network:
         err.print(f"[yellow]warning:[/] {NO_AUTH_WARNING}")
     endpoint = prepared.config.endpoint
     if detach:
-        proc = service.start_detached(prepared)
-        service.wait_detached(prepared, proc)
+        proc = launch.start_detached(prepared)
+        launch.wait_detached(prepared, proc)
         print(f"rpc-server ready at {prepared.config.host}:{port} as {prepared.directory.name} (supervisor pid {proc.pid})")
         print(f"use it: pyllm serve MODEL --rpc {endpoint}   stop it: pyllm stop {prepared.directory.name}")
         return
@@ -207,14 +207,14 @@ def rpc_worker_cmd(
         print("Ctrl-C stops it.")
         sys.stdout.flush()
 
-    sys.exit(service.run(prepared, on_ready=ready, on_event=lambda m: err.print(m, highlight=False, markup=False)))
+    sys.exit(launch.run(prepared, on_ready=ready, on_event=lambda m: err.print(m, highlight=False, markup=False)))
 
 
 def supervise_cmd(directory: Path) -> None:
     """(internal) Run a detached server described by DIRECTORY/request.json."""
-    from ..serve import service
+    from ..serve import launch
 
-    sys.exit(service.supervise(directory))
+    sys.exit(launch.supervise(directory))
 
 
 def ps_cmd(

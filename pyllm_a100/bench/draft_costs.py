@@ -87,7 +87,7 @@ def verify_cost(model: str | os.PathLike[str], ks: Sequence[int], *, depth: int 
     Keep ``repetitions`` at 5 or more: a k-token forward runs without its CUDA graph on the first repetitions (the
     graph is captured, then replayed), and only a median of 5 is a replay, which is what a server's repeated verify
     runs. With 3, GLM-5's 2-token forward measured 1.55x a step against 1.17x (docs/performance.md)."""
-    from ..build.native import binary
+    from ..llamacpp.native import binary
     from ..models.gguf_files import resolve_model
     from ..models.roofline import weights_per_token
 
@@ -155,7 +155,7 @@ class DraftRun:
 
 def _series(url: str, prompts: list[list[int]], gen_tokens: int) -> list[tuple[dict, list[int]]]:
     """(timings, token ids) of one greedy completion per prompt, after an uncounted warm-up."""
-    from .spec_check import greedy
+    from .draft_exactness import greedy
 
     with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0)) as client:
         check_ready(client, url)

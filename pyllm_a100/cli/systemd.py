@@ -35,7 +35,7 @@ def _serve_options(model: str, args: list[str]) -> Any:
     import typer.main
 
     from ..serve.options import ServeOptions
-    from .serving import serve_cmd
+    from .serve import serve_cmd
 
     alone = typer.Typer()  # serve as app.py registers it, on its own: its click command and parser
     alone.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve_cmd)
