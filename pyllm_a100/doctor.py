@@ -20,7 +20,7 @@ from .models.gguf_files import resolve_model
 from .devices.gpus import GPU, driver, visible_gpus
 from .llamacpp.native import binary, build_info
 from .models.roofline import weights_per_token
-from .serve.server import DEFAULT_PARALLEL
+from .serve.config import DEFAULT_PARALLEL
 
 MARGIN_MIB = 1024  # free memory llama.cpp's --fit keeps per GPU by default
 
@@ -147,7 +147,7 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
         report["active_bytes_per_token"] = weights.active_bytes
         findings.append(Finding("ok", f"decode ceiling {ceiling:.0f} tokens/s ({weights.active_bytes / 1e9:.2f} GB of weights "
                                       f"per token at {bandwidth / 1e12:.2f} TB/s)"
-                                      + ("; DeepSeek-V4 reached 12-14 % of it on H200s (lab/notes/benchmarks.md)" if arch == "deepseek4" else "")))
+                                      + ("; DeepSeek-V4 reached 12-14 % of it on H200s (docs/performance.md)" if arch == "deepseek4" else "")))
     total_vram = sum(g.memory_total for g in gpus)
     findings.append(Finding("ok" if files.total_bytes < total_vram else "error",
                             f"model {files.total_bytes / 2**30:.1f} GiB vs {total_vram / 2**30:.1f} GiB of VRAM on {len(gpus)} GPU(s)"))
@@ -319,7 +319,7 @@ def _plan_budget(spec: Any, devices: list[int] | None) -> Any:
 
 def _capacity_row(shape: Any, target: str, spec: Any, budget: Any, slots: int) -> tuple[Any, Any]:
     """A memory-plan row at the capacity plan's pool (models/capacity.py) and that plan; the serve command needs no
-    --ctx-size or --parallel: serve plans the same."""
+    --ctx-per-slot or --parallel: serve plans the same."""
     from .models import capacity
     from .models.memplan import plan_row
 
@@ -345,7 +345,7 @@ def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: in
     if slots < 1:
         raise InvalidArgument(f"--parallel {parallel}: must be at least 1 (request slots served at once)")
     if ctx_size is not None and ctx_size < 1:
-        raise InvalidArgument(f"--ctx-size {ctx_size}: must be a positive number of tokens per slot (e.g. 131072)")
+        raise InvalidArgument(f"--ctx-per-slot {ctx_size}: must be a positive number of tokens per slot (e.g. 131072)")
     source = _source(model)
     findings: list[Finding] = []
     fit = None
@@ -361,7 +361,7 @@ def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: in
     first = shapes[0]
     trained = int(first.get("context_length") or 0)
     if ctx_size and trained and ctx_size > trained:
-        raise InvalidArgument(f"--ctx-size {ctx_size}: more than {model}'s trained context ({trained} tokens per sequence); "
+        raise InvalidArgument(f"--ctx-per-slot {ctx_size}: more than {model}'s trained context ({trained} tokens per sequence); "
                               f"plan for at most {trained}")
     ctx = ctx_size or (min(trained, 16384) if trained else 16384)
     model_arg = model if source != "hub" else None

@@ -93,7 +93,7 @@ def test_bench_starts_one_server_per_parallel_value(tiny_deepseek4: Path) -> Non
         ("default", 1), ("default", 2), ("2", 1), ("2", 2), ("2u", 1), ("2u", 2)]
     assert all(r["failures"] == 0 and r["aggregate_tps"] > 0 for r in report["levels"])
     argv = report["servers"]
-    from pyllm_a100.serve.server import DEFAULT_PARALLEL
+    from pyllm_a100.serve.config import DEFAULT_PARALLEL
 
     default = argv["default"]  # pyllm serve's plan: DeepSeek-V4's caches are per sequence, so no --kv-unified
     assert default[default.index("--parallel") + 1] == str(DEFAULT_PARALLEL) and "--kv-unified" not in default

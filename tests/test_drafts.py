@@ -109,13 +109,14 @@ def test_serve_drafts_two_tokens_a_step_unless_told(tiny_models: dict[str, Path]
     from pyllm_a100 import Server
     from pyllm_a100.bench.draft_exactness import greedy
     from pyllm_a100.models.drafts import DEFAULT_MAX
-    from pyllm_a100.serve.server import make_config
+    from pyllm_a100.serve.config import make_config
+    from pyllm_a100.serve.options import ServeOptions
 
     model = tiny_models["tiny-deepseek4"]
     for draft in ("tiny-deepseek4-dspark", "tiny-deepseek4-mtp"):
-        assert make_config(model, draft=str(draft_models[draft]), port=0).draft.n_max == DEFAULT_MAX == 2
-    assert make_config(model, draft=str(draft_models["tiny-deepseek4-dspark"]), draft_max=7, port=0).draft.n_max == 7
-    simple = make_config(model, draft=str(tiny_models["tiny-llama"]), port=0)
+        assert make_config(ServeOptions(model, draft=str(draft_models[draft]), port=0)).draft.n_max == DEFAULT_MAX == 2
+    assert make_config(ServeOptions(model, draft=str(draft_models["tiny-deepseek4-dspark"]), draft_max=7, port=0)).draft.n_max == 7
+    simple = make_config(ServeOptions(model, draft=str(tiny_models["tiny-llama"]), port=0))
     assert simple.draft.spec_type == "draft-simple" and simple.draft.n_max is None
     assert "--spec-draft-n-max" not in simple.draft.argv()
     with Server(model, draft=str(draft_models["tiny-deepseek4-dspark"]), port=0, ready_timeout=300) as server:

@@ -396,7 +396,7 @@ def test_reliability_md_is_the_rendered_one() -> None:
 
 
 def test_path_flags_after_double_dash_are_made_absolute() -> None:
-    from pyllm_a100.serve.server import absolute_paths
+    from pyllm_a100.serve.config import absolute_paths
 
     args = ["-md", "draft.gguf", "--lora=a/x.gguf", "-c", "512", "--grammar-file", "/abs/g.gbnf", "--alias", "rel.gguf"]
     assert absolute_paths(args, cwd="/work/dir") == [

@@ -387,12 +387,13 @@ def test_tensor_split_on_deepseek4_is_refused_only_for_want_of_gpus_here(tiny_mo
 
 def test_tensor_split_argv_turns_on_flash_attention_and_turns_off_fit(tiny_models: dict[str, Path]) -> None:
     from pyllm_a100.models.gguf_files import resolve_model
-    from pyllm_a100.serve.server import ServerConfig
+    from pyllm_a100.serve.config import ServerConfig
+    from pyllm_a100.serve.options import ServeOptions
 
     files = resolve_model(tiny_models["tiny-deepseek4"])
-    argv = ServerConfig(model=files, split_mode="tensor").to_argv("llama-server")
+    argv = ServerConfig(ServeOptions(str(files.first), split_mode="tensor"), files).to_argv("llama-server")
     assert argv[argv.index("--flash-attn") + 1] == "on" and argv[argv.index("--fit") + 1] == "off"
-    mine = ServerConfig(model=files, split_mode="tensor", extra_args=["-fa", "auto"]).to_argv("llama-server")
+    mine = ServerConfig(ServeOptions(str(files.first), split_mode="tensor", extra_args=["-fa", "auto"]), files).to_argv("llama-server")
     assert "--flash-attn" not in mine and mine[-2:] == ["-fa", "auto"]
-    layer = ServerConfig(model=files).to_argv("llama-server")
+    layer = ServerConfig(ServeOptions(str(files.first)), files).to_argv("llama-server")
     assert "--fit" not in layer and "--flash-attn" not in layer

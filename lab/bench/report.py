@@ -267,7 +267,7 @@ stream back to back; every slot has {c['prompt'] + c['gen']}+ tokens of context.
 
 def _concurrency_reading(c: dict, verify: dict | None) -> str:
     """Why the aggregate scales as it does, and what the chosen default gains, from the same run's figures."""
-    from pyllm_a100.serve.server import DEFAULT_PARALLEL
+    from pyllm_a100.serve.config import DEFAULT_PARALLEL
 
     out = []
     rows = {(r["slots"], r["concurrency"]): r for r in c["levels"]}
@@ -438,7 +438,7 @@ streamed completions at once. Aggregate = all generated tokens / wall time; per-
 of llama-server's `predicted_per_second` over the requests (the decode speed one user sees while
 sharing the batch); TTFT = time to the first streamed content chunk (nearest-rank p50/p99). One
 server per slot setting, all in one run. pyllm serve's default `--parallel` is
-`server.DEFAULT_PARALLEL`, chosen from these figures.
+`config.DEFAULT_PARALLEL`, chosen from these figures.
 {gpu_missing}{conc or chr(10) + 'Not measured.' + chr(10)}
 ## 5. Speculative decoding
 

@@ -91,7 +91,8 @@ def compare(model: Any, levels: Sequence[int], load: Load, *, baseline_args: Seq
             baseline_binary: str | Path | None = None, on_level: Callable[[AgentLevel], None] | None = None,
             **server_options: Any) -> list[AgentLevel]:
     """pyllm serve's defaults, then the baseline (its own llama-server flags, optionally another binary), same model."""
-    from ..serve.server import Server, check_server_binary
+    from ..serve.config import check_server_binary
+    from ..serve.server import Server
 
     if baseline_binary is not None:
         check_server_binary(baseline_binary)  # before pyllm serve's run, not after it

@@ -62,12 +62,12 @@ class Slots:
     def label(self) -> str:
         return "default" if self.parallel is None else f"{self.parallel}{'u' if self.unified else ''}"
 
-    def server_args(self, ctx_size: int) -> list[str]:
-        """llama-server's own sizing flags for N and Nu (no plan: the benchmark wants exactly these); none for the
-        default, which is pyllm serve's planned pool at ``ctx_size``."""
+    def server_options(self, ctx_size: int) -> dict[str, Any]:
+        """Server options for this setting: N and Nu exactly (``kv_unified``: no memory plan, the benchmark wants
+        these slots), the default pyllm serve's planned pool at ``ctx_size``."""
         if self.parallel is None:
-            return []
-        return ["--ctx-size", str(ctx_size), "--parallel", str(self.parallel)] + (["--kv-unified"] if self.unified else [])
+            return {"ctx_size": ctx_size}
+        return {"ctx_size": ctx_size, "parallel": self.parallel, "kv_unified": self.unified}
 
 
 def parse_parallel(text: str) -> list[Slots]:
@@ -204,7 +204,7 @@ def slot_context(prompt_tokens: int, gen_tokens: int) -> int:
 def server_ctx(slots: Slots, per_slot: int) -> int:
     """--ctx-size giving every slot ``per_slot`` tokens: with an explicit --parallel llama-server splits the
     context between the slots; a unified pool (also llama-server's own choice) is shared, so the same total."""
-    from ..serve.server import DEFAULT_PARALLEL
+    from ..serve.config import DEFAULT_PARALLEL
     from ..models.capacity import AUTO_SLOTS
 
     return per_slot * (slots.parallel or DEFAULT_PARALLEL or AUTO_SLOTS)
@@ -218,18 +218,16 @@ def serve_and_measure(model: Any, levels: Sequence[int], variants: Sequence[Slot
     """One managed server per slot setting, every level on each, in one run."""
     from ..serve.server import Server
 
-    per_slot = ctx_per_slot or slot_context(prompt_tokens, gen_tokens)
+    per_slot = slot_context(prompt_tokens, gen_tokens) if ctx_per_slot is None else ctx_per_slot
     if per_slot < prompt_tokens + gen_tokens:
-        raise BenchError(f"--ctx-size {per_slot} per slot is less than --prompt-tokens + --gen-tokens "
+        raise BenchError(f"--ctx-per-slot {per_slot} is less than --prompt-tokens + --gen-tokens "
                          f"({prompt_tokens + gen_tokens}): raise it or leave it out")
     rows: list[LevelResult] = []
     ready_timeout = server_options.pop("ready_timeout", 3600)
     extra = list(server_options.pop("extra_args", ()))
     for slots in variants:
-        total = server_ctx(slots, per_slot)
-        sizing = {"ctx_size": total} if slots.parallel is None else {}
-        with Server(model, port=0, ready_timeout=ready_timeout, extra_args=extra + slots.server_args(total), **sizing,
-                    **server_options) as srv:
+        with Server(model, port=0, ready_timeout=ready_timeout, extra_args=extra,
+                    **slots.server_options(server_ctx(slots, per_slot)), **server_options) as srv:
             if on_server:
                 on_server(slots.label, list(srv.argv[1:]))
             rows += measure(srv.base_url, levels, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,

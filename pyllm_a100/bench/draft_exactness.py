@@ -4,7 +4,7 @@ At temperature 0 a draft may only change how fast tokens come, never which: the 
 verifies every drafted token. :func:`compare` starts the plain server, then the server
 with the draft, asks both the same prompt, and returns both token lists, the draft
 counts llama-server reports (``timings.draft_n``, ``draft_n_accepted``) and decode speed.
-The tests (CPU) and ``lab/scripts/gpu-check --only drafts`` (GPU) share it.
+The tests (CPU) and the GPU check share it.
 """
 
 from __future__ import annotations

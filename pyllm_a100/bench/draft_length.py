@@ -22,7 +22,7 @@ plain run of the same prompts (measure_choices): llama-server's benchmarking mod
 each drafted token with probability a, whatever the target says, so the step pays everything a real acceptance costs
 (the longer verify's sampling, the accepted rows the draft takes in, the server's host work) and the tokens/s it gives
 are measured, not projected. On an H200 running the sm_80 code the 43-layer DeepSeek-V4 with its DSpark draft at 2.5
-measured 1.22-1.29x plain where the projection said up to 1.55x (lab/notes/gpu-report.md, eighteenth run).
+measured 1.22-1.29x plain where the projection said up to 1.55x (docs/speculative.md).
 
 The acceptance this run measures comes from its own prompts (random token ids): a real draft on real text accepts far
 more, which is why the published lengths are the default.

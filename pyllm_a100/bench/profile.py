@@ -6,7 +6,7 @@ the warm-up and the prompt-free setup cancel). nsys does not work on the GPU mac
 
 ncu flushes the GPU's caches before each kernel unless told otherwise (``--cache-control all``), which
 makes a small kernel pay DRAM latency for inputs the kernel before it has just written: measured on an
-H200 (lab/notes/decode-notes.md), one-token attention took ~23 us per layer that way and ~12 us warm. So
+H200 (docs/performance.md), one-token attention took ~23 us per layer that way and ~12 us warm. So
 ``--profile`` keeps the caches as the previous kernel left them (``--cache-control none``).
 """
 
@@ -86,7 +86,7 @@ def kernel_table(text: str, by_launch: bool = False) -> dict[str, tuple[int, flo
     return table
 
 
-# What holds a kernel (ncu per launch, kernel replay): lab/scripts/gpu-decode's ncufull stage asks for these by name and
+# What holds a kernel (ncu per launch, kernel replay): a profiling run asks for these by name and
 # for the stall reasons by pattern; four sections of the details page are the fallback when a name is unknown to that ncu.
 LAUNCH_METRICS = ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
                   "sm__throughput.avg.pct_of_peak_sustained_elapsed", "l1tex__throughput.avg.pct_of_peak_sustained_active",
@@ -189,7 +189,7 @@ def profile_launches(llama_bench: Path, model: str | os.PathLike[str], log_dir: 
 
 
 def forward_difference(first: dict[str, dict[str, list]], second: dict[str, dict[str, list]]) -> dict[str, Any]:
-    """lab/scripts/gpu-decode's ncu stage: what run ``second`` (one more forward) launched beyond ``first``, per kernel
+    """A profiling run's step: what run ``second`` (one more forward) launched beyond ``first``, per kernel
     name and per launch shape ({kind: {kernel: [count, us]}} each, from kernel_table), slowest first, with totals."""
     out: dict[str, Any] = {}
     for kind in ("name", "launch"):
@@ -206,7 +206,7 @@ def forward_difference(first: dict[str, dict[str, list]], second: dict[str, dict
 
 
 def ncu_kernel_tables(tool: list[str], report: str, *, env: dict[str, str], cache_control: str = "all") -> dict[str, dict[str, list]]:
-    """``ncu --graph-profiling node`` over one program run (lab/scripts/gpu-decode's ncu stage): kernel_table by kernel
+    """``ncu --graph-profiling node`` over one program run (a profiling run's step): kernel_table by kernel
     name and by launch shape. The CSV lands in ``report`` (ncu's --log-file), stdout in ``report``.stdout."""
     cmd = ["ncu", "--graph-profiling", "node", "--cache-control", cache_control, "--metrics", "gpu__time_duration.sum",
            "--csv", "--print-units", "base", "--log-file", report, *tool]

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import MODEL_HELP, JsonFlag, print_table
+from .common import MODEL_HELP, POOL_HELP, CtxPerSlot, JsonFlag, OldCtxPerSlot, per_slot_context, print_table
 
 bench_app = typer.Typer(
     help="Measure a model or a running server: tokens/s, time to first token, concurrency, verify cost, drafts, kernels.",
@@ -51,7 +51,7 @@ def run_cmd(
     concurrency: Annotated[str, typer.Option(help="Requests in flight at once (the server gets one slot per client).")] = "1",
     repeat: Repeat = 3,
     tensor_split: TensorSplit = None,
-    ctx_size: Annotated[Optional[int], typer.Option(help="With MODEL: context length.")] = None,
+    ctx_size: Annotated[Optional[int], typer.Option(help=f"With MODEL: the {POOL_HELP} (default 4096).")] = None,
     api_key: ApiKey = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -88,7 +88,8 @@ def concurrency_cmd(
     gen_tokens: GenTokens = 128,
     repeat: Repeat = 3,
     tensor_split: TensorSplit = None,
-    ctx_size: Annotated[Optional[int], typer.Option(help="With MODEL: context length per slot.")] = None,
+    ctx_per_slot: CtxPerSlot = None,
+    ctx_size: OldCtxPerSlot = None,
     api_key: ApiKey = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -108,7 +109,8 @@ def concurrency_cmd(
     else:
         rows = bench_concurrency.serve_and_measure(
             model, levels, parallels or [bench_concurrency.Slots()], prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
-            requests_per_stream=repeat, ctx_per_slot=ctx_size, tensor_split=tensor_split, on_server=servers.__setitem__)
+            requests_per_stream=repeat, ctx_per_slot=per_slot_context(ctx_per_slot, ctx_size, "bench concurrency"),
+            tensor_split=tensor_split, on_server=servers.__setitem__)
     ratios = bench_concurrency.scaling(rows)
     failures = sum(r.failures for r in rows)
     if as_json:
@@ -313,7 +315,7 @@ def tune_cmd(
     prompt_tokens: Annotated[int, typer.Option(help="Prompt length per request.")] = 512,
     gen_tokens: Annotated[int, typer.Option(help="Tokens generated per request.")] = 64,
     repeat: Annotated[int, typer.Option(help="Requests per candidate.")] = 2,
-    ctx_size: Annotated[int, typer.Option(help="Context length for every candidate.")] = 4096,
+    ctx_size: Annotated[int, typer.Option(help=f"The {POOL_HELP}, the same for every candidate.")] = 4096,
 ) -> None:
     """Try split modes, batch sizes, flash attention and GPU counts; print the fastest as a serve command."""
     from ..bench import throughput

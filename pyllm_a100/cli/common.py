@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -16,6 +16,23 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of text.")]
 JsonListFlag = Annotated[bool, typer.Option("--json", help="Print a JSON list instead of text, one object per row.")]
+
+
+# --ctx-size means one thing in every command: the KV pool in tokens (serve's). A context per slot has its own name;
+# the old spelling of it still works, with a line saying so.
+POOL_HELP = "KV cache pool in tokens, as pyllm serve --ctx-size takes it"
+CtxPerSlot = Annotated[Optional[int], typer.Option("--ctx-per-slot", help="Tokens each request slot holds (prompt and reply).")]
+OldCtxPerSlot = Annotated[Optional[int], typer.Option("--ctx-size", hidden=True,
+                                                      help="The old spelling of --ctx-per-slot here (deprecated).")]
+
+
+def per_slot_context(new: Optional[int], old: Optional[int], command: str) -> Optional[int]:
+    """--ctx-per-slot, or the deprecated --ctx-size spelling of it (said once on stderr)."""
+    if old is None:
+        return new
+    err.print(f"warning: pyllm {command} --ctx-size is now --ctx-per-slot (tokens per slot; pyllm serve's --ctx-size is "
+              "the pool all slots share): the old spelling still works for now", highlight=False)
+    return old if new is None else new
 
 
 def aligned(header: list[str], rows: list[list[str]], right: frozenset[int] = frozenset()) -> list[str]:

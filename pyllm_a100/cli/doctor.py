@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from .common import MODEL_HELP, JsonFlag, out
+from .common import MODEL_HELP, JsonFlag, OldCtxPerSlot, out, per_slot_context
 
 
 def build_info_cmd(as_json: JsonFlag = False) -> None:
@@ -38,13 +38,15 @@ def build_info_cmd(as_json: JsonFlag = False) -> None:
 
 def doctor_cmd(
     model: Annotated[Optional[str], typer.Argument(help=MODEL_HELP[:-1] + "; with --gpus also a preset (glm-5, deepseek-v4-flash) or a hub repo, read by metadata only.")] = None,
-    ctx_size: Annotated[Optional[int], typer.Option(help="Context to plan for (default: the model's, at most 16384).")] = None,
+    ctx_per_slot: Annotated[Optional[int], typer.Option("--ctx-per-slot", help="Tokens each request slot holds, to plan for "
+                                                        "(default: the model's context, at most 16384).")] = None,
+    ctx_size: OldCtxPerSlot = None,
     rpc: Annotated[Optional[str], typer.Option(help="Also list these rpc-server workers' devices (HOST:PORT[,...]).")] = None,
     gpus: Annotated[Optional[str], typer.Option(help="Plan memory for COUNTxGIB GPUs (e.g. 8x80), or for GPUs of this machine "
                                                 "by number as serve --gpus takes them (0-3): per quantization, weights, "
                                                 "KV, compute per GPU, fits or not, and a serve command. MODEL may be a preset "
                                                 "(glm-5, deepseek-v4-flash), a file, or a hub repo (read by metadata only).")] = None,
-    parallel: Annotated[Optional[int], typer.Option(help="With --gpus: request slots; --ctx-size is then per slot.")] = None,
+    parallel: Annotated[Optional[int], typer.Option(help="With --gpus: request slots, each of --ctx-per-slot tokens.")] = None,
     layers: Annotated[Optional[int], typer.Option(help="With --gpus and a preset: cut the preset to N layers.")] = None,
     experts: Annotated[Optional[int], typer.Option(help="With --gpus and a preset: routed experts per layer.")] = None,
     token: Annotated[Optional[str], typer.Option(help="With --gpus and a hub repo: access token (or HF_TOKEN).", envvar="HF_TOKEN")] = None,
@@ -53,6 +55,7 @@ def doctor_cmd(
     """GPUs, driver, toolchain and this build; with MODEL: support, memory fit and a serve command."""
     from ..doctor import gather
 
+    ctx_size = per_slot_context(ctx_per_slot, ctx_size, "doctor")
     if gpus is not None or parallel is not None:
         _memory_plan(model, gpus, ctx_size, parallel, layers, experts, token, as_json)
         return

@@ -16,7 +16,7 @@ def generate_cmd(
     max_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 128,
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.8,
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed.")] = None,
-    ctx_size: Annotated[int, typer.Option(help="Context length in tokens.")] = 4096,
+    ctx_size: Annotated[int, typer.Option(help="Tokens of context (the one sequence's KV cache; 0: the model's trained context).")] = 4096,
     tensor_split: Annotated[Optional[str], typer.Option(help="1x8, 3,1, 2x2,1x4.")] = None,
     n_gpu_layers: Annotated[Optional[int], typer.Option(help="Layers on GPU (default: all when a GPU is visible).")] = None,
     chat: Annotated[bool, typer.Option(help="Wrap PROMPT in the model's chat template.")] = False,

@@ -57,10 +57,10 @@ def _serve(ctx: typer.Context, **values) -> None:
     Configuration errors exit 78 (EX_CONFIG), other failures 1.
     """
     from ..errors import CONFIG_ERRORS, EX_CONFIG
-    from ..serve.launch import ServeRequest
+    from ..serve.options import ServeOptions
 
     try:
-        _serve_request(ServeRequest(**values, extra_args=list(ctx.args)))
+        _serve_options(ServeOptions(**values, extra_args=list(ctx.args)))
     except CONFIG_ERRORS as exc:
         exc.exit_code = EX_CONFIG  # main() prints the one line and exits with it: systemd's RestartPreventExitStatus
         raise
@@ -100,26 +100,25 @@ def _command_from_options(run):
 serve_cmd = _command_from_options(_serve)
 
 
-def _serve_request(request) -> None:
+def _serve_options(options) -> None:
     from ..serve import launch
 
-    api_key = request.api_key
-    prepared = launch.prepare(request)
+    prepared = launch.prepare(options)
     _warn_overlaps(prepared)
-    if prepared.config.rpc:
-        _print_devices(prepared.config.rpc, prepared.config.tensor_split)
-    key = api_key or prepared.generated_key
     cfg = prepared.config
-    offload = "all" if (cfg.n_gpu_layers or 0) >= 999 else cfg.n_gpu_layers
-    gpus = f", layers offloaded: {offload}" + (" (RPC workers)" if cfg.rpc else "") if cfg.n_gpu_layers else ", CPU"
-    split = f", tensor split {request.tensor_split}" if request.tensor_split else ""
+    if cfg.rpc:
+        _print_devices(cfg.devices, cfg.tensor_split)
+    key = options.api_key or prepared.generated_key
+    key_file = str(cfg.api_key_file) if cfg.api_key_file else None
+    where = f", layers offloaded: {cfg.offload}" + (" (RPC workers)" if cfg.rpc else "") if cfg.n_gpu_layers else ", CPU"
+    split = f", tensor split {options.tensor_split}" if options.tensor_split else ""
     if cfg.gpus is not None:
         from ..devices.gpus import format_gpu_list
 
         split += f", GPUs {format_gpu_list(cfg.gpus)}"
     err.print(
         f"serving {cfg.model.first.name} ({cfg.model.architecture}, {len(cfg.model.shards)} file(s), "
-        f"{cfg.model.total_bytes / 2**30:.2f} GiB{gpus}{split}) as {prepared.directory.name}", highlight=False
+        f"{cfg.model.total_bytes / 2**30:.2f} GiB{where}{split}) as {prepared.directory.name}", highlight=False
     )
     if cfg.draft is not None:
         d = cfg.draft.describe()
@@ -128,25 +127,25 @@ def _serve_request(request) -> None:
     if cfg.capacity is not None:
         err.print(f"plan: {cfg.capacity.summary()}", highlight=False)
     bar, update = _progress_printer(cfg.model.name)
-    if request.detach:
+    if options.detach:
         proc = launch.start_detached(prepared)
         with bar:
             data = launch.wait_detached(prepared, proc, on_progress=update)
-        _print_ready(cfg.public_url, cfg.served_name, key, prepared.request.api_key_file,
+        _print_ready(cfg.public_url, cfg.served_name, key, key_file,
                      prepared.generated_key is not None, (data.get("progress") or {}).get("seconds"))
         print(f"detached as {prepared.directory.name} (supervisor pid {proc.pid}); pyllm logs {prepared.directory.name} -f; pyllm stop {prepared.directory.name}")
         return
 
     def ready(server) -> None:
         bar.stop()
-        _print_ready(cfg.public_url, cfg.served_name, key, prepared.request.api_key_file,
+        _print_ready(cfg.public_url, cfg.served_name, key, key_file,
                      prepared.generated_key is not None, time.monotonic() - started)
         print("Ctrl-C stops it.")
 
     started = time.monotonic()
     with bar:
         code = launch.run(prepared, on_progress=update, on_ready=ready,
-                           on_event=lambda m: err.print(m, highlight=False, soft_wrap=True, markup=False))
+                          on_event=lambda m: err.print(m, highlight=False, soft_wrap=True, markup=False))
     sys.exit(code)
 
 
@@ -159,11 +158,8 @@ def _warn_overlaps(prepared) -> None:
                   "its memory and compute; choose apart with --gpus, e.g. 0-3 and 4-7", highlight=False)
 
 
-def _print_devices(endpoints, split) -> None:
+def _print_devices(devices, split) -> None:
     """The devices llama.cpp will use (local GPUs and RPC workers), their memory, and each one's share."""
-    from ..serve.rpc import list_devices
-
-    devices = list_devices(endpoints)
     weights = split or [1.0] * len(devices)
     weights = list(weights) + [0.0] * (len(devices) - len(weights))
     total = sum(weights) or 1.0
@@ -211,7 +207,7 @@ def rpc_worker_cmd(
 
 
 def supervise_cmd(directory: Path) -> None:
-    """(internal) Run a detached server described by DIRECTORY/request.json."""
+    """(internal) Run the launch resolved in DIRECTORY/launch.json (a server or an rpc-worker)."""
     from ..serve import launch
 
     sys.exit(launch.supervise(directory))

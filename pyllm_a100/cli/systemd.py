@@ -45,7 +45,7 @@ def _serve_options(model: str, args: list[str]) -> Any:
 
 def _serve_argv(options: Any, name: str, model: str) -> list[str]:
     """`pyllm serve MODEL --opt value ... --name NAME [-- extra]` with only the options that differ from serve's defaults."""
-    from ..serve.server import absolute_paths
+    from ..serve.config import absolute_paths
 
     if options.draft is not None and options.draft != "auto":
         options.draft = os.path.abspath(os.path.expanduser(options.draft))
@@ -81,7 +81,7 @@ def install_cmd(
     from ..models.gguf_files import resolve_model
     from ..serve import systemd
     from ..serve.net import is_loopback
-    from ..serve.server import check_api_key
+    from ..serve.config import check_api_key
 
     where = systemd.paths(name, user=user, root=root)
     options = _serve_options(model, list(ctx.args))

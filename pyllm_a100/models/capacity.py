@@ -27,7 +27,7 @@ from typing import Any
 from .memplan import CACHE_PAD, FIT_MARGIN_MIB, GIB, Shape, kv_layer_bytes, per_device
 
 AUTO_SLOTS = 4  # llama-server's own choice without --parallel (tools/server/server.cpp: 4 slots, kv_unified)
-DEFAULT_SLOTS = 16  # request slots without --parallel (lab/notes/benchmarks.md: 16 streams, 1.22x llama-server's 4)
+DEFAULT_SLOTS = 16  # request slots without --parallel (docs/performance.md, "Concurrency": 16 streams, 1.22x llama-server's 4)
 GPU_HEADROOM = 0.10  # of each GPU's memory kept free
 CPU_KV_FRACTION = 0.25  # without a GPU: of the memory available (MemAvailable) at start
 CPU_KV_MAX = 4 * GIB

@@ -27,8 +27,8 @@ from .gguf_files import ModelFiles, resolve_model
 
 AUTO = "auto"
 SPEC_TYPES = ("draft-simple", "draft-mtp", "draft-dspark", "draft-dflash")
-# Tokens a DSpark/DFlash/MTP draft proposes a step when --draft-max is not given. Measured (lab/notes/gpu-report.md,
-# nineteenth and twentieth runs: the 43-layer DeepSeek-V4, one GPU, at DSpark's published mean accepted lengths 2.5
+# Tokens a DSpark/DFlash/MTP draft proposes a step when --draft-max is not given. Measured (docs/performance.md and
+# docs/speculative.md: the 43-layer DeepSeek-V4, one GPU, at DSpark's published mean accepted lengths 2.5
 # and 2.9 made synthetic): DSpark 2 drafted 1.23-1.35x plain decoding, 3: 1.18-1.31x, 4: 1.09-1.17x, 7 (the trained
 # block, llama-server's own default): 0.78x; MTP 2 > 3 > 4 alike; under the A100 dispatch too (DSpark 2: 1.36x, 3:
 # 1.20x). A MoE verify reads more experts with every token it checks, so a longer draft costs more than it wins at

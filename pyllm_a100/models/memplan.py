@@ -193,8 +193,7 @@ def compute_bytes(shape: Shape, ctx: int, slots: int, *, n_ubatch: int = N_UBATC
     routed experts' gate/up rows or the indexer queries) plus, for DSA, the indexer scores and masks that grow
     with n_kv and the top-k tensors that grow with min(n_kv, top_k) (indices and the zero rows scattered into
     the mask, llama-graph.cpp:3079-3088); at the output, the F32 logits of one output per slot. The factors are fitted on llama-server's
-    CPU reserve (docs/memory-plan.md: tiny-glm-dsa and glm-5 cut to 4 layers); the GPU figure is checked by
-    lab/scripts/gpu-check --only memory-plan.
+    CPU reserve (docs/memory-plan.md: tiny-glm-dsa and glm-5 cut to 4 layers), where the GPU check's figures are too.
     """
     n_embd = int(shape.get("embedding_length") or 0)
     n_head = int(shape.get("attention.head_count") or 1)
@@ -214,7 +213,7 @@ def compute_bytes(shape: Shape, ctx: int, slots: int, *, n_ubatch: int = N_UBATC
         small = layer + 4 * n_ubatch * idx + 8 * n_seq * n_ubatch + 8 * min(n_seq, top_k) * n_ubatch
         # past ~12k cells per stream the indexer's own [n_kv, n_ubatch] tensors (scores, their sort, the mask) are
         # the peak, 24 bytes a cell (CPU reserve of tiny-glm-dsa, one stream of 2,048..65,536 cells: 55.8, 71.8,
-        # 103.8, 215.8, 407.8, 791.8 MiB; lab/notes/memory-plan-dsa.md)
+        # 103.8, 215.8, 407.8, 791.8 MiB; docs/memory-plan.md)
         layer = max(small, 4 * n_ubatch * idx + 24 * n_seq * n_ubatch)
     elif shape.arch == "deepseek4":
         top_k = int(shape.get("attention.indexer.top_k") or 0)

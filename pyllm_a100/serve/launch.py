@@ -26,30 +26,18 @@ from . import state
 from ..errors import InvalidArgument, ServerDied, ServerError
 from .net import is_loopback
 from .process import ManagedProcess
-from .rpc import DEFAULT_PORT as DEFAULT_RPC_PORT
+from .config import ServerConfig, absolute_paths, check_api_key, make_config
 from .options import ServeOptions
+from .rpc import DEFAULT_PORT as DEFAULT_RPC_PORT
 from .rpc import RpcWorker, WorkerConfig
-from .server import LoadProgress, Server, ServerConfig, absolute_paths, check_api_key, make_config
+from .server import LoadProgress, Server
 
-REQUEST = "request.json"
-
-
-@dataclasses.dataclass
-class ServeRequest(ServeOptions):
-    """What `pyllm serve` was asked (ServeOptions) and what prepare() settled; JSON-serialisable so a detached
-    supervisor can run it. The API key itself is never here: prepare() writes it to a 0600 file."""
-
-    api_key_file: str | None = None
-    kind: str = "server"
-
-    def to_config(self, *, require_api_key: bool = True) -> ServerConfig:
-        """Validated ServerConfig (raises the one-line errors for bad input)."""
-        return make_config(**self.config_kwargs(), api_key_file=self.api_key_file, require_api_key=require_api_key)
+LAUNCH = "launch.json"  # what a detached supervisor runs: the resolved config (a server) or the worker's request
 
 
 @dataclasses.dataclass
 class WorkerRequest:
-    """What `pyllm rpc-worker` was asked (JSON-serialisable, like ServeRequest)."""
+    """What `pyllm rpc-worker` was asked (JSON-serialisable: a detached supervisor runs it)."""
 
     host: str = "127.0.0.1"
     port: int = DEFAULT_RPC_PORT
@@ -68,54 +56,54 @@ class WorkerRequest:
 
 @dataclasses.dataclass
 class Prepared:
-    request: ServeRequest | WorkerRequest
+    """One launch, resolved: the config it runs (a server's or a worker's), its state folder and restart limit.
+    The CLI, the detached supervisor (from launch.json) and a systemd unit's foreground serve all run this."""
+
     config: ServerConfig | WorkerConfig
     directory: Path
+    restarts: int
+    worker: WorkerRequest | None = None  # a worker's request (what launch.json holds for it)
     generated_key: str | None = None  # shown once to the user, never again
     # kept in every state.json write (pyllm metrics): load_seconds, ready_since, last_restart_reason, ...
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)
-    _gpus_used: list[int] | None = None
 
     def make_process(self, **callbacks: Any) -> ManagedProcess:
         log_path = self.directory / "server.log"
         if isinstance(self.config, WorkerConfig):
             callbacks.pop("on_progress", None)
-            return RpcWorker(self.config, log_path=log_path, restart=self.request.restart, **callbacks)
-        return Server(config=self.config, log_path=log_path, restart=self.request.restarts, **callbacks)
+            return RpcWorker(self.config, log_path=log_path, restart=self.restarts, **callbacks)
+        return Server(config=self.config, log_path=log_path, restart=self.restarts, **callbacks)
 
     def describe(self) -> dict[str, Any]:
         if isinstance(self.config, WorkerConfig):
             return {"kind": "rpc-worker", "host": self.config.host, "port": self.config.port,
                     "url": f"rpc://{self.config.endpoint}", "model": f"devices: {self.config.devices or 'all'}"}
-        return {"kind": "server", "host": self.config.host, "port": self.config.port, "url": self.config.public_url,
-                "model": str(self.config.model.first), "served_name": self.config.served_name,
-                "api_key_file": self.request.api_key_file,
-                "draft": self.config.draft.describe() if self.config.draft is not None else None,
-                "gpus": self.gpus_used(), "gpus_given": self.config.gpus is not None,
-                "metrics": f"{self.config.public_url}/metrics" if self.config.metrics else None,
+        cfg = self.config
+        return {"kind": "server", "host": cfg.host, "port": cfg.port, "url": cfg.public_url,
+                "model": str(cfg.model.first), "served_name": cfg.served_name,
+                "api_key_file": str(cfg.api_key_file) if cfg.api_key_file else None,
+                "draft": cfg.draft.describe() if cfg.draft is not None else None,
+                "gpus": cfg.gpus_used, "gpus_given": cfg.gpus is not None,
+                "metrics": f"{cfg.public_url}/metrics" if cfg.metrics else None,
                 "service": os.environ.get("PYLLM_SERVICE"),  # the systemd unit running it (pyllm service install)
-                "options": self.request.public(),
-                "plan": self.config.capacity.as_dict() if self.config.capacity is not None else None}
+                "options": cfg.to_json()["options"],
+                "plan": cfg.capacity.as_dict() if cfg.capacity is not None else None}
 
     def gpus_used(self) -> list[int]:
         """nvidia-smi numbers of the GPUs this server may use: --gpus, else every visible one when it offloads."""
-        if self._gpus_used is None:
-            cfg = self.config
-            if getattr(cfg, "gpus", None) is not None:
-                self._gpus_used = list(cfg.gpus)
-            elif isinstance(cfg, ServerConfig) and cfg.n_gpu_layers and _cuda_build():
-                from ..devices.gpus import visible_gpus
+        return list(self.config.gpus_used) if isinstance(self.config, ServerConfig) else []
 
-                self._gpus_used = [g.physical_index for g in visible_gpus()]
-            else:
-                self._gpus_used = []
-        return self._gpus_used
+    def to_json(self) -> dict[str, Any]:
+        if self.worker is not None:
+            return dataclasses.asdict(self.worker)
+        return {"kind": "server", "restarts": self.restarts, "config": self.config.to_json()}
 
-
-def _cuda_build() -> bool:
-    from ..llamacpp.native import build_info
-
-    return bool(build_info().get("cuda"))
+    @classmethod
+    def from_json(cls, data: dict[str, Any], directory: Path) -> Prepared:
+        if data.get("kind") == "rpc-worker":
+            worker = WorkerRequest(**data)
+            return cls(worker.to_config(), directory, worker.restart, worker=worker)
+        return cls(ServerConfig.from_json(data["config"]), directory, data["restarts"])
 
 
 def overlapping(prepared: Prepared) -> list[tuple[str, list[int]]]:
@@ -146,42 +134,35 @@ def prepare_worker(request: WorkerRequest) -> Prepared:
         state.check_name(request.name)
     config = request.to_config()  # validates (loopback rule, port) before anything is written
     directory = state.new_server_dir(request.name or f"rpc-worker-{config.port}", exact=request.name is not None)
-    request.name = directory.name
-    return Prepared(request, config, directory)
+    request = dataclasses.replace(request, name=directory.name)
+    return Prepared(config, directory, request.restart, worker=request)
 
 
-def prepare(request: ServeRequest, api_key: str | None = None) -> Prepared:
-    """Validate everything and create the state folder (with the API key file if any).
+def prepare(options: ServeOptions) -> Prepared:
+    """Resolve the request once (config.make_config), then create its state folder (with the API key file if any).
 
-    Every path is made absolute here (the model, files named after ``--``, a key file): a
-    detached supervisor runs with cwd ``/`` and must find the same files.
+    Paths in the options are made absolute first (a key file, files named after ``--``): a detached supervisor
+    runs with cwd ``/`` and must find the same files. Nothing is written before every check has passed.
     """
-    # Validate before touching disk: a bad model or port must leave nothing behind.
-    _check_restart(request.restarts)
-    if request.name is not None:
-        state.check_name(request.name)
-    api_key, request.api_key = api_key if api_key is not None else request.api_key, None  # never into request.json
+    _check_restart(options.restarts)
+    if options.name is not None:
+        state.check_name(options.name)
+    api_key = options.api_key
     if api_key is not None:
         check_api_key(api_key)
-    if request.api_key_file is not None:
-        request.api_key_file = os.path.abspath(os.path.expanduser(request.api_key_file))
-    request.extra_args = absolute_paths(request.extra_args)
-    probe = request.to_config(require_api_key=False)  # a key file is written below when one is needed
-    request.model = str(probe.model.first)  # resolved: a relative path, a folder, a glob or REPO:QUANT
-    if probe.draft is not None and probe.draft.files is not None:
-        request.draft = str(probe.draft.files.first)  # resolved too: a relative path, or what auto found
+    key_file = os.path.abspath(os.path.expanduser(options.api_key_file)) if options.api_key_file is not None else None
+    options = dataclasses.replace(options, api_key=None, api_key_file=key_file,
+                                  extra_args=absolute_paths(options.extra_args))
+    config = make_config(options, require_api_key=False)  # a key file is written below when one is needed
     # an explicit --name takes over a failed entry of that name (a systemd restart keeps its name)
-    directory = state.new_server_dir(request.name or f"{probe.model.name}-{probe.port}", reuse_failed=request.name is not None,
-                                     exact=request.name is not None)
+    directory = state.new_server_dir(options.name or f"{config.model.name}-{config.port}",
+                                     reuse_failed=options.name is not None, exact=options.name is not None)
     generated = None
-    if api_key is None and request.api_key_file is None and not is_loopback(request.host):
+    if api_key is None and key_file is None and not is_loopback(options.host):
         api_key = generated = secrets.token_urlsafe(32)
     if api_key is not None:
-        request.api_key_file = str(files.write_secret(directory / "api_key", api_key))
-    request.port = probe.port
-    request.name = directory.name
-    config = dataclasses.replace(probe, api_key_file=Path(request.api_key_file) if request.api_key_file else None)
-    return Prepared(request, config, directory, generated)
+        config.api_key_file = files.write_secret(directory / "api_key", api_key)
+    return Prepared(config, directory, options.restarts, generated_key=generated)
 
 
 def _state_record(prepared: Prepared, server: ManagedProcess | None, status: str, **extra: Any) -> dict[str, Any]:
@@ -192,7 +173,7 @@ def _state_record(prepared: Prepared, server: ManagedProcess | None, status: str
         # None once it has exited: while restarting, ps showed the PID of the llama-server that died
         "server_pid": server.pid if server and server.proc and server.proc.returncode is None else None,
         **prepared.describe(),
-        "restart_limit": getattr(prepared.request, "restarts", prepared.request.restart),
+        "restart_limit": prepared.restarts,
         "restarts": server.restarts if server else 0,
         "log": str(prepared.directory / "server.log"),
         **prepared.figures,
@@ -276,7 +257,7 @@ def run(
 
 def start_detached(prepared: Prepared) -> subprocess.Popen[bytes]:
     """Start ``pyllm _supervise DIR`` in its own session; it outlives this process."""
-    files.write_json_atomic(prepared.directory / REQUEST, dataclasses.asdict(prepared.request), mode=files.PRIVATE_FILE)
+    files.write_json_atomic(prepared.directory / LAUNCH, prepared.to_json(), mode=files.PRIVATE_FILE)
     with files.open_private(prepared.directory / "supervisor.log", "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "pyllm_a100", "_supervise", str(prepared.directory)],
@@ -310,9 +291,7 @@ def wait_detached(prepared: Prepared, proc: subprocess.Popen[bytes], on_progress
 
 def supervise(directory: Path) -> int:
     """Entry point of the detached supervisor (``pyllm _supervise DIR``)."""
-    data = json.loads((directory / REQUEST).read_text())
-    request = WorkerRequest(**data) if data.get("kind") == "rpc-worker" else ServeRequest(**data)
-    prepared = Prepared(request, request.to_config(), directory)
+    prepared = Prepared.from_json(json.loads((directory / LAUNCH).read_text()), directory)
     try:
         return run(prepared, on_event=lambda m: print(m, flush=True))
     except ServerError as exc:

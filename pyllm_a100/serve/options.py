@@ -1,10 +1,10 @@
 """Every option of `pyllm serve`, defined once.
 
 :class:`ServeOptions` is the one definition: the `pyllm serve` command is generated from its fields (their
-help, environment variable and default: cli/serve.py), a detached server's request.json is its fields,
+help, environment variable and default: cli/serve.py), a detached supervisor runs them resolved (launch.json),
 `pyllm ps --json` shows them (secrets left out), `pyllm service install` writes a unit's command line from the
-fields that differ from their defaults, and :meth:`ServeOptions.config_kwargs` feeds ``server.make_config``,
-whose ServerConfig.to_argv() is llama-server's command line. A new option is one field here.
+fields that differ from their defaults, and ``config.make_config(options)`` resolves them once into the
+ServerConfig whose to_argv() is llama-server's command line. A new option is one field here.
 """
 
 from __future__ import annotations
@@ -15,6 +15,12 @@ from typing import Any
 from ..models.gguf_files import MODEL_FORMS
 
 MODEL_HELP = MODEL_FORMS[0].upper() + MODEL_FORMS[1:] + "."
+# llama-server's flags that size the KV cache or the slots, by what they size (ServeOptions.sized_after_dashes)
+LLAMA_SIZING_FLAGS = {
+    "ctx": frozenset({"-c", "--ctx-size"}),
+    "slots": frozenset({"-np", "--parallel"}),
+    "pool": frozenset({"-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified", "--kv-unified-per-slot"}),
+}
 DEFAULT_QUEUE_TIMEOUT = 600  # seconds a request may wait for a slot and KV space before a 503 (llama-server's own: no bound)
 
 
@@ -64,6 +70,11 @@ class ServeOptions:
                                  "running and waiting, the KV pool; pyllm ps reads it, pyllm metrics NAME has the supervisor's.")
     # llama-server's own flags, given after `--` (not an option of its own)
     extra_args: list[str] = dataclasses.field(default_factory=list, metadata={"internal": True})
+    # Not on the command line (Server(...) and the benchmarks set them): a file holding the API key (pyllm serve
+    # writes one for --api-key or a generated key), and exact slot sizing: with --parallel, True gives the slots one
+    # shared pool of --ctx-size tokens (--kv-unified) and False each slot ctx/parallel; either way no memory plan.
+    api_key_file: str | None = dataclasses.field(default=None, metadata={"internal": True})
+    kv_unified: bool | None = dataclasses.field(default=None, metadata={"internal": True})
 
     @classmethod
     def cli_fields(cls) -> list[dataclasses.Field]:
@@ -79,10 +90,12 @@ class ServeOptions:
         """The options as `pyllm ps --json` shows them: no secret."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.metadata.get("secret")}
 
-    def config_kwargs(self) -> dict[str, Any]:
-        """``server.make_config``'s keyword arguments (what decides llama-server's command line)."""
-        skip = {"api_key", "name", "detach", "restart"}
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(ServeOptions) if f.name not in skip}
+    @property
+    def sized_after_dashes(self) -> frozenset[str]:
+        """What the user's own llama-server flags after ``--`` size: "ctx" (-c), "slots" (-np), "pool" (-kvu...).
+        What they size is theirs: serve then plans no pool and passes only what they left out."""
+        given = {arg.partition("=")[0] for arg in self.extra_args}
+        return frozenset(what for what, flags in LLAMA_SIZING_FLAGS.items() if given & flags)
 
     def cli_args(self) -> list[str]:
         """`pyllm serve` options for the values that differ from the defaults (a systemd unit's command line);

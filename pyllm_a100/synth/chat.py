@@ -1,9 +1,9 @@
 """The chat template each family's presets embed, and what it means for tool calls and reasoning.
 
-One source for `pyllm synth` (the template a GGUF carries), lab/scripts/render-compat (the README's
-"tool calls / reasoning" column and its table of thinking switches) and tests/test_tools.py (the
+One source for `pyllm synth` (the template a GGUF carries), the README's "tool calls / reasoning" column
+and docs/serving.md's table of thinking switches (rendered from here), and tests/test_tools.py (the
 kwargs that switch thinking, checked there against the templates' own generation prompts). Plain
-data with no package imports: render-compat loads this file by path, with or without a build.
+data with no package imports: the renderer loads this file by path, with or without a build.
 """
 
 from __future__ import annotations
