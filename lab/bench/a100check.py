@@ -1,4 +1,4 @@
-"""The A100-dispatch re-verification (issue 41, lab/scripts/gpu-a100-check): what the script runs, and the parsers and
+"""The A100-dispatch re-verification (issue 41, python -m lab.runs.gpu_a100_check): what the script runs, and the parsers and
 summaries that turn llama.cpp's output into lab/results/gpu-a100-dispatch.json, testable without a GPU.
 
 * ops: test-backend-ops for every test. ``support`` mode lists the cases in seconds but leaves out the fusion cases

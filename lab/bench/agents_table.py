@@ -1,7 +1,7 @@
 """The agent-team table of docs/performance.md (agents-table markers), from lab/results/cpu-agents.json.
 
 That file is what ``pyllm bench agents MODEL ... --json`` printed, with the command, the date and the machine
-added (lab/scripts/agents-bench writes it).
+added (python -m lab.benchmarks.agents writes it).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ AGENTS_TABLE = ("<!-- agents-table -->", "<!-- /agents-table -->")
 
 def render(data: dict[str, Any] | None) -> str:
     if not data:
-        return "Not measured yet: run lab/scripts/agents-bench.\n"
+        return "Not measured yet: run python -m lab.benchmarks.agents.\n"
     load = data["load"]
     levels = data["levels"]
     ours = levels[0]["server"]

@@ -1,5 +1,5 @@
 """llama-batched-bench side by side: N sequences decoding together, one ubatch of N tokens a step (sequence ids
-0..N-1), so the batched kernels of two builds compare without a server's scheduling (lab/scripts/gpu-decode batched)."""
+0..N-1), so the batched kernels of two builds compare without a server's scheduling (python -m lab.runs.gpu_decode batched)."""
 
 from __future__ import annotations
 

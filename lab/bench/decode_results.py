@@ -1,4 +1,4 @@
-"""Issue 23's decode-path figures: lab/scripts/gpu-decode's raw output -> lab/results/gpu-decode.json -> lab/notes/benchmarks.md.
+"""Issue 23's decode-path figures: python -m lab.runs.gpu_decode's raw output -> lab/results/gpu-decode.json -> lab/notes/benchmarks.md.
 
 ``summarize`` keeps what a reader compares (tokens/s of the pin and of each patch level measured side by
 side in one run, kernels per forward, time per kernel family, test-backend-ops per op); ``section``
@@ -68,8 +68,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     out = {"gpu": raw.get("gpu"), "patches": patches, "build_seconds": [s.get("seconds") for s in
            steps], "rows": rows, "kernels": kernels, "test_backend_ops": op_rows,
            **({k: raw[k] for k in ("column_notes", "ncu_note", "ops_note") if raw.get(k)}),
-           "command": "lab/scripts/gpu-decode --src .carry/llama.cpp-src.tar.gz build models bench ncu ops  (GPU machine; "
-                      "then lab/scripts/gpu-decode report; lab/notes/gpu-report.md, Decode path)"}
+           "command": "python -m lab.runs.gpu_decode --src .carry/llama.cpp-src.tar.gz build models bench ncu ops  (GPU machine; "
+                      "then python -m lab.runs.gpu_decode report; lab/notes/gpu-report.md, Decode path)"}
     if raw.get("tokens"):
         cases = raw["tokens"].get("summary") or {}
         out["greedy_tokens"] = {"all_equal_to_pin": raw["tokens"].get("all_equal"), "cases": len(cases),
@@ -96,7 +96,7 @@ def _mean(values: list[float]) -> float:
 
 
 def _levels_by_column(conc: dict[str, Any]) -> dict[int, dict[str, dict[str, list[float]]]]:
-    """lab/scripts/gpu-concurrency's runs -> {streams: {column: {"tps": [each run's aggregate], "forwards_per_step": [...]}}}."""
+    """python -m lab.runs.gpu_concurrency's runs -> {streams: {column: {"tps": [each run's aggregate], "forwards_per_step": [...]}}}."""
     levels: dict[int, dict[str, dict[str, list[float]]]] = {}
     for run in conc.get("runs", []):
         for lv in (run.get("result") or {}).get("levels", []):
@@ -108,7 +108,7 @@ def _levels_by_column(conc: dict[str, Any]) -> dict[int, dict[str, dict[str, lis
 
 
 def _concurrency(conc: dict[str, Any]) -> dict[str, Any]:
-    """lab/scripts/gpu-concurrency's runs (pin, patched, patched, pin) -> per level: each run's aggregate tokens/s and the ratio of means."""
+    """python -m lab.runs.gpu_concurrency's runs (pin, patched, patched, pin) -> per level: each run's aggregate tokens/s and the ratio of means."""
     rows = []
     for n, by in _levels_by_column(conc).items():
         pin, patched = (by.get("pin") or {}).get("tps", []), (by.get("patched") or {}).get("tps", [])
@@ -119,7 +119,7 @@ def _concurrency(conc: dict[str, Any]) -> dict[str, Any]:
 
 def _serving(run: dict[str, Any]) -> dict[str, Any]:
     """A serving run (lab/notes/gpu-report.md, ninth run): llama-batched-bench per sequence count (S_TG of every round per
-    column), and lab/scripts/gpu-concurrency's columns with the forwards each decode step cost (graph-count)."""
+    column), and python -m lab.runs.gpu_concurrency's columns with the forwards each decode step cost (graph-count)."""
     batched = (run.get("batched") or {}).get("43l") or {}
     seqs = sorted({int(n) for col in batched.values() for n in (col.get("tg_tps") or {})})
     out: dict[str, Any] = {k: run[k] for k in ("gpu", "patches", "note") if run.get(k)}
@@ -170,7 +170,7 @@ def _serving_tables(s: dict[str, Any]) -> list[str]:
 
 
 def _concurrency_table(c: dict[str, Any], when: str) -> list[str]:
-    return [f"\nAggregate decode under concurrency{when} ({c['model']}, lab/scripts/gpu-concurrency: `pyllm bench --url` against each "
+    return [f"\nAggregate decode under concurrency{when} ({c['model']}, python -m lab.runs.gpu_concurrency: `pyllm bench --url` against each "
             "build's llama-server -np 32, 256-token prompts, 64 tokens, runs in the order pin, patched, patched, pin):\n",
             "| streams | pin tok/s (2 runs) | patched tok/s (2 runs) | ratio of means |", "| ---: | --- | --- | ---: |"] + [
             f"| {r['streams']} | {', '.join(map(str, r['pin_tps']))} | {', '.join(map(str, r['patched_tps']))} | {r['ratio_of_means']} |"
@@ -186,7 +186,7 @@ def _decode_table(cols: dict[str, tuple[Any, Any]], notes: dict[str, str]) -> li
 def section(summary: dict[str, Any] | None) -> str:
     """The "decode path" section of lab/notes/benchmarks.md."""
     if not summary:
-        return "## 5. Decode path (issue 23)\n\nNot measured: run `lab/scripts/gpu-decode` on the GPU machine.\n"
+        return "## 5. Decode path (issue 23)\n\nNot measured: run `python -m lab.runs.gpu_decode` on the GPU machine.\n"
     out = [f"""## 5. Decode path: the pin against our patches (issue 23)
 
 One H200 running the sm_80 build (PTX JIT, warmed up first), `llama-bench -p 512 -n 64 -r 3 -ngl 99 -fa 1`, every
@@ -234,7 +234,7 @@ build in the same run, interleaved rounds; {summary['gpu']}. Patches: {', '.join
         out.append(f"\n{summary['ops_note']}")
     if summary.get("greedy_tokens"):
         g = summary["greedy_tokens"]
-        out.append(f"\nGreedy tokens (lab/scripts/gpu-token-check: tiny and 4-layer V4, 8- and 300-token prompts, 48 tokens, -ub 64): "
+        out.append(f"\nGreedy tokens (python -m lab.runs.gpu_token_check: tiny and 4-layer V4, 8- and 300-token prompts, 48 tokens, -ub 64): "
                    f"{'every build equal to the pin' if g['all_equal_to_pin'] else 'differ: ' + ', '.join(g['differing'])} "
                    f"({g['cases']} cases)." + (f" {g['note']}" if g.get("note") else ""))
     if summary.get("sweep"):

@@ -1,15 +1,16 @@
-"""The switches of lab/scripts/gpu-decode's bench columns (``BUILD+SWITCH[+SWITCH...]``, issue 23).
+"""The switches of python -m lab.runs.gpu_decode's bench columns (``BUILD+SWITCH[+SWITCH...]``, issue 23).
 
 Each names the environment that turns a measured patch on or off inside the same binary, so one build measures both
-sides in the same run; lab/scripts/gpu-token-check takes the same names. The shipped series has no such switch any
+sides in the same run; python -m lab.runs.gpu_token_check takes the same names. The shipped series has no such switch any
 more (vendor/patches: the default path only, but LLAMA_SERVER_SLOT_LRU, which users may want): these are the pin's own
-and those of the measured patches in lab/patches-measured. To measure a shipped patch on and off, build the series
+and those of the measured patches in lab/patches. To measure a shipped patch on and off, build the series
 up to it and without it (gpu-decode --levels).
 """
 
 from __future__ import annotations
 
-# name: (environment, what it does); patch numbers are the old series' (lab/patches-measured), but 0034's
+# name: (environment, what it does); patch numbers are the old series' (lab/patches/README.md gives each one's slug),
+# but 0034's
 SWITCHES: dict[str, tuple[dict[str, str], str]] = {
     "GRAPH_OPT": ({"GGML_CUDA_GRAPH_OPT": "1"}, "the pin's multi-stream graph optimisation"),
     "POOLSPLIT": ({"GGML_CUDA_DSV4_POOL_SPLIT": "1"}, "0017's split-window pooling (opt-in, not exact)"),

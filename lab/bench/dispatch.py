@@ -246,7 +246,7 @@ def from_args(args: argparse.Namespace, build_dir: str | os.PathLike[str] | None
 
 
 def reexec_with(dispatch: str, shim: str | os.PathLike[str] | None, argv: list[str]) -> None:
-    """For scripts that start llama.cpp in many places (lab/scripts/gpu-check, lab/benchmarks/gpu.py): run this
+    """For scripts that start llama.cpp in many places (python -m lab.runs.gpu_check, lab/benchmarks/gpu.py): run this
     process again (``argv`` = [sys.executable, *sys.argv]) with the dispatch's LD_PRELOAD, so every child and
     in-process library inherits it. Returns when the environment already has it."""
     want = preload_env(dispatch, shim)

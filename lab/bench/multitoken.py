@@ -1,5 +1,5 @@
 """Multi-token cost curves (issue 42): what one step of k tokens costs against one decode step, pin vs patched, under
-the native and the A100 dispatch, and what speculative decoding would make of it (lab/scripts/gpu-multitoken).
+the native and the A100 dispatch, and what speculative decoding would make of it (python -m lab.runs.gpu_multitoken).
 
 * verify: one sequence, one forward of k = 1..16 tokens after the same context (llama-bench ``-p k -d DEPTH``; k = 1
   is a plain decode step as llama-bench tg measures it: ``-n N`` single-token forwards / N);
@@ -290,7 +290,7 @@ def render(data: Mapping[str, Any] | None) -> str:
     32, the draft's cost, the best projected k. ``None`` (no results file yet): one line saying so."""
     if not data or not data.get("rows"):
         return ("Multi-token cost curves (verify of k tokens, N sequences, draft cost, speculative projection): not "
-                "measured yet (lab/scripts/gpu-multitoken writes lab/results/gpu-multitoken.json).\n")
+                "measured yet (python -m lab.runs.gpu_multitoken writes lab/results/gpu-multitoken.json).\n")
     rows = list(data["rows"])
     big = max(r["layers"] for r in rows)
     main = [r for r in rows if r["layers"] == big]
@@ -300,7 +300,7 @@ def render(data: Mapping[str, Any] | None) -> str:
         return "\n".join(lines + _batched_table(main)) + "\n"
     lines = [f"Multi-token steps on {main[0]['model']} ({big} layers; synthetic weights; {data.get('gpu', 'GPU').split(',')[0]} "
              "running the sm_80 code; `a100` = the host dispatch an A100 gets, lab/scripts/a100-dispatch.c). Generated from "
-             "lab/results/gpu-multitoken.json by `python lab/benchmarks/report.py`"
+             "lab/results/gpu-multitoken.json by `python -m lab.benchmarks.report`"
              + (f"; measured {data['started'][:10]}, `patched` = vendor/patches as it was that day (later patches: the "
                 "other files below and lab/notes/gpu-report.md)" if data.get("started") else "") + ".", "",
              "One forward of k tokens against one decode step (k/1; llama-bench, depth "
@@ -386,14 +386,14 @@ def _render_ceilings(rows: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def render_shapes(data: Mapping[str, Any] | None) -> str:
-    """The generated section for the other shapes (a run of lab/scripts/gpu-multitoken over cut and real-expert files):
+    """The generated section for the other shapes (a run of python -m lab.runs.gpu_multitoken over cut and real-expert files):
     k/1 per model, dispatch and build, and the weights a k-token forward reads against one token's."""
     if not data or not data.get("rows"):
         return ("Other shapes (DeepSeek-V4 with all 256 experts, GLM-5's 78 layers): not measured yet "
                 "(lab/results/gpu-multitoken-shapes.json).\n")
     gpus = sorted({(r.get("gpu") or data.get("gpu") or "GPU").split(",")[0] for r in data["rows"]})
     lines = [f"The same measurement on other files ({' and '.join(gpus)} running the sm_80 code; "
-             "generated from lab/results/gpu-multitoken-shapes.json by `python lab/benchmarks/report.py`). k/1 as above; "
+             "generated from lab/results/gpu-multitoken-shapes.json by `python -m lab.benchmarks.report`). k/1 as above; "
              "`weights read` is what a k-token forward must read against one token: every non-expert weight once and each "
              "routed expert at least one token is sent to (independent uniform routing, the file's own tensor sizes; "
              "trained routers on real text share experts somewhat more). A k/1 far above it is a kernel paying per token "

@@ -25,3 +25,14 @@ def native_view(work: str, label: str) -> str:
     if os.path.isdir(templates) and not os.path.lexists(os.path.join(view, "templates")):
         os.symlink(os.path.abspath(templates), os.path.join(view, "templates"))
     return view
+
+
+def use_installed_build() -> None:
+    """A lab program run as ``python -m lab.…`` from the repository root imports the checkout's pyllm_a100 (the current
+    folder comes first), which has no llama.cpp build: give it the installed package's (PYLLM_NATIVE_DIR) unless one is
+    set. Where the package was imported from its installed place, nothing changes."""
+    from pyllm_a100.llamacpp.native import NATIVE_DIR_ENV, shadowed_install
+
+    installed = None if os.environ.get(NATIVE_DIR_ENV) else shadowed_install()
+    if installed is not None:
+        os.environ[NATIVE_DIR_ENV] = str(installed)

@@ -1,13 +1,12 @@
-#!/usr/bin/env python3
 """Issue 40's benchmark: an agent team's load on pyllm serve's defaults against the pin's own llama-server.
 
-    lab/scripts/agents-bench MODEL --pin-server PATH/llama-server [--concurrency 8,16,32,64] [--repeat 1]
+    python -m lab.benchmarks.agents MODEL --pin-server PATH/llama-server [--concurrency 8,16,32,64] [--repeat 1]
         [--system-tokens 2048] [--tail-tokens 256] [--gen-tokens 64]
 
 Runs ``pyllm bench agents MODEL --baseline-binary PIN --json`` (pyllm serve's defaults, then the pin's
 llama-server with ``--parallel 16 --kv-unified --ctx-size 16384``, one after the other in one run) and writes
 lab/results/cpu-agents.json with the command, the date and the machine; then render docs/performance.md
-with ``python lab/benchmarks/report.py``.
+with ``python -m lab.benchmarks.report``.
 
 The pin's llama-server, CPU only (about 10 minutes on 2 cores), from the sdist the build already downloaded:
 

@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """GPU benchmarks on the device machine: ratios and fractions measured side by side in one run.
 
-    python3 lab/benchmarks/gpu.py --out DIR [--phases hbm,tune,rpc,scale] [--v4-layers 4] [--scale-experts 16]
+    python -m lab.benchmarks.gpu --out DIR [--phases hbm,tune,rpc,scale] [--v4-layers 4] [--scale-experts 16]
 
-Needs the package built with CUDA and importable (lab/scripts/gpu-check installs it into
-/tmp/pyllm-site; this script puts that folder on sys.path). Each phase is recorded in
-DIR/gpu-bench.json as it finishes; lab/benchmarks/report.py turns that file (copied to
+Needs the package built with CUDA and importable (python -m lab.runs.gpu_check installs it into
+/tmp/pyllm-site; this program runs itself again with that folder leading PYTHONPATH). Each phase is recorded in
+DIR/gpu-bench.json as it finishes; python -m lab.benchmarks.report turns that file (copied to
 lab/benchmarks/results/gpu.json) into lab/notes/benchmarks.md.
 
   hbm    real-shape deepseek-v4-flash cut to --v4-layers, one GPU, pyllm serve's defaults:
@@ -26,7 +25,7 @@ Serving figures (issue 17; write them to their own file: --results gpu-serving-b
                skipped with a note when this build of the package has no such preset.
 --cpu runs these three on this machine with tiny presets (tiny-deepseek4; the draft run uses
 tiny-deepseek4-dspark when it exists, else tiny-llama drafting for itself with draft-simple),
-so a typo cannot cost a GPU run: python3 lab/benchmarks/gpu.py --cpu --out /tmp/cpu-serving.
+so a typo cannot cost a GPU run: python -m lab.benchmarks.gpu --cpu --out /tmp/cpu-serving.
 --dispatch a100 (issue 41) runs the whole script again with lab/scripts/a100-dispatch.c in LD_PRELOAD (an A100's host
 dispatch for every server and tool); the results file records the dispatch and the compute capabilities logged.
 """
@@ -71,14 +70,14 @@ def main() -> int:
     parser.add_argument("--verify-k", default="1-16")
     parser.add_argument("--verify-repeat", type=int, default=5)
     parser.add_argument("--depth", type=int, default=512, help="context depth of the verify-cost forwards")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from lab.bench import dispatch as dsp
+    from lab.runs import stages
 
     dsp.add_arguments(parser)
     args = parser.parse_args()
     dispatcher = dsp.from_args(args, build_dir=args.out)
     try:  # the same process again with the dispatch's LD_PRELOAD: every server and tool it starts inherits it
-        dsp.reexec_with(args.dispatch, dispatcher.shim if args.dispatch == "a100" else None, [sys.executable, *sys.argv])
+        dsp.reexec_with(args.dispatch, dispatcher.shim if args.dispatch == "a100" else None, stages.own_argv())
     except dsp.DispatchError as exc:
         parser.error(str(exc))
     results_name = args.results or ("cpu-serving-bench.json" if args.cpu else "gpu-bench.json")
@@ -90,7 +89,7 @@ def main() -> int:
     unknown = sorted(set(phases) - set(PHASES))
     if unknown:
         parser.error(f"--phases: unknown {', '.join(unknown)}; choose from {','.join(PHASES)}")
-    sys.path.insert(0, str(args.site))  # the package and its phases from the site gpu-check installed (else as installed)
+    stages.reexec_with_pythonpath(str(args.site))  # the package from the site gpu_check installed (else this checkout's)
     from lab.bench import gpu_phases
     from lab.bench.gpu_phases import (RESULTS, concurrency, hbm, measured_bandwidth, rpc, save, scale, speculative,
                                              tune, verify)

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Render lab/notes/benchmarks.md (every measured figure) and the short tables of docs/performance.md from the
 measured results (never edit either by hand).
 
-    python lab/benchmarks/report.py [--results lab/benchmarks/results] [--write lab/notes/benchmarks.md]
+    python -m lab.benchmarks.report [--results lab/benchmarks/results] [--write lab/notes/benchmarks.md]
 
 Inputs: results/cpu.json from lab/benchmarks/run.py (this machine) and results/gpu.json from
 lab/benchmarks/gpu.py (the GPU machine; copied from its output folder); the serving figures
@@ -10,9 +9,9 @@ lab/benchmarks/gpu.py (the GPU machine; copied from its output folder); the serv
 --phases concurrency,verify,speculative --results gpu-serving-bench.json) and
 results/cpu-serving-bench.json (lab/benchmarks/gpu.py --cpu, this machine). Any may be missing:
 its section then says so. The multi-token section of docs/performance.md (multitoken-table markers) comes from
-lab/results/gpu-multitoken.json (lab/scripts/gpu-multitoken, issue 42; "not measured yet" while it does not exist),
+lab/results/gpu-multitoken.json (python -m lab.runs.gpu_multitoken, issue 42; "not measured yet" while it does not exist),
 its other shapes (multitoken-shapes markers) from lab/results/gpu-multitoken-shapes.json;
-the agent-team section (agents-table markers) from lab/results/cpu-agents.json (lab/scripts/agents-bench, issue 40).
+the agent-team section (agents-table markers) from lab/results/cpu-agents.json (python -m lab.benchmarks.agents, issue 40).
 """
 
 
@@ -25,15 +24,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO))  # this checkout's renderer (no native build needed)
 
-from lab.bench.agents_table import AGENTS_TABLE  # noqa: E402
-from lab.bench.agents_table import render as agents_section  # noqa: E402
-from lab.bench.decode_results import summarize  # noqa: E402
-from lab.bench.multitoken import MULTITOKEN_SHAPES, MULTITOKEN_TABLE  # noqa: E402
-from lab.bench.multitoken import render_shapes as multitoken_shapes_section  # noqa: E402
-from lab.bench.multitoken import render as multitoken_section  # noqa: E402
-from lab.bench.report import PERF_TABLE, perf_table, render, replace_between  # noqa: E402
+from lab.bench.agents_table import AGENTS_TABLE
+from lab.bench.agents_table import render as agents_section
+from lab.bench.decode_results import summarize
+from lab.bench.multitoken import MULTITOKEN_SHAPES, MULTITOKEN_TABLE
+from lab.bench.multitoken import render_shapes as multitoken_shapes_section
+from lab.bench.multitoken import render as multitoken_section
+from lab.bench.report import PERF_TABLE, perf_table, render, replace_between
 
 
 def main() -> int:
@@ -41,19 +39,19 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=HERE / "results")
     parser.add_argument("--write", type=Path, default=REPO / "lab" / "notes" / "benchmarks.md")
     parser.add_argument("--decode", type=Path, default=REPO / "lab" / "results" / "gpu-decode.json",
-                        help="issue 23's decode-path summary (lab/scripts/gpu-decode report, then --summarize-decode)")
+                        help="issue 23's decode-path summary (python -m lab.runs.gpu_decode report, then --summarize-decode)")
     parser.add_argument("--summarize-decode", type=Path, metavar="RAW",
-                        help="first write --decode from lab/scripts/gpu-decode's raw gpu-decode.json (lab/results/gpu-decode-raw.json)")
+                        help="first write --decode from python -m lab.runs.gpu_decode's raw gpu-decode.json (lab/results/gpu-decode-raw.json)")
     parser.add_argument("--performance", type=Path, nargs="+", default=[REPO / "docs" / "performance.md", REPO / "README.md"],
                         help="the documents whose short table (perf-table markers) is rendered from --decode")
     parser.add_argument("--multitoken", type=Path, default=REPO / "lab" / "results" / "gpu-multitoken.json",
-                        help="issue 42's multi-token curves (lab/scripts/gpu-multitoken report)")
+                        help="issue 42's multi-token curves (python -m lab.runs.gpu_multitoken report)")
     parser.add_argument("--multitoken-docs", type=Path, nargs="+", help="the documents whose multitoken-table section is "
                         "rendered from --multitoken (default: those of --performance that have the markers)")
     parser.add_argument("--multitoken-shapes", type=Path, default=REPO / "lab" / "results" / "gpu-multitoken-shapes.json",
                         help="the multi-token curves of the other shapes (256 experts, GLM-5), where multitoken-shapes markers are")
     parser.add_argument("--agents", type=Path, default=REPO / "lab" / "results" / "cpu-agents.json",
-                        help="issue 40's agent-team load (lab/scripts/agents-bench), rendered where agents-table markers are")
+                        help="issue 40's agent-team load (python -m lab.benchmarks.agents), rendered where agents-table markers are")
     parser.add_argument("--check", action="store_true", help="exit 1 if --write or --performance differ from what the results give")
     args = parser.parse_args()
     if args.summarize_decode:
@@ -78,7 +76,7 @@ def main() -> int:
     for path, text in outputs.items():
         if args.check:
             if not path.is_file() or path.read_text() != text:
-                print(f"error: {path} is not what the results give: run python lab/benchmarks/report.py", file=sys.stderr)
+                print(f"error: {path} is not what the results give: run python -m lab.benchmarks.report", file=sys.stderr)
                 return 1
             continue
         path.write_text(text)

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Side-by-side benchmarks: ratios measured in one run, interleaved (this machine is shared and noisy).
 
-    python lab/benchmarks/run.py [--preset tiny-deepseek4] [--rounds 3]   # -> lab/benchmarks/results/cpu.json
-    python lab/benchmarks/report.py                                         # -> lab/notes/benchmarks.md
+    python -m lab.benchmarks.run [--preset tiny-deepseek4] [--rounds 3]   # -> lab/benchmarks/results/cpu.json
+    python -m lab.benchmarks.report                                         # -> lab/notes/benchmarks.md
 
 1. managed `pyllm serve` (Server) vs the same llama-server binary started by hand with the
    identical argv: prefill and decode ratio (target >= 0.98) and the time-to-ready overhead
@@ -114,7 +113,7 @@ def main() -> int:
     print(f"in-process vs server: decode {b['decode_ratio']:.3f} ({b['decode_in_process']:.1f} vs {b['decode_server']:.1f} tokens/s)", flush=True)
     layers = f" --layers {args.layers}" if args.layers else ""
     result = {
-        "command": (f"python lab/benchmarks/run.py --preset {args.preset}{layers} --rounds {args.rounds} "
+        "command": (f"python -m lab.benchmarks.run --preset {args.preset}{layers} --rounds {args.rounds} "
                     f"--prompt {args.prompt} --gen {args.gen} --threads {args.threads}"),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "settings": {k: v for k, v in vars(args).items() if k not in ("models", "json")},
@@ -126,7 +125,7 @@ def main() -> int:
     tmp = args.json.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=2))
     tmp.replace(args.json)
-    print(f"wrote {args.json}; python lab/benchmarks/report.py renders lab/notes/benchmarks.md")
+    print(f"wrote {args.json}; python -m lab.benchmarks.report renders lab/notes/benchmarks.md")
     return 0
 
 

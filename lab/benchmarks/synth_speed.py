@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """`pyllm synth` throughput and peak RSS: this checkout's synth.py vs git revision REV, side by side.
 
-    python lab/benchmarks/synth_speed.py --baseline REV [--rounds 6] [--preset deepseek-v4-flash --layers 1]
+    python -m lab.benchmarks.synth_speed --baseline REV [--rounds 6] [--preset deepseek-v4-flash --layers 1]
 
 Each round writes the model once per side, each in a fresh process (its own peak RSS), the
 sides interleaved and alternating which goes first; the file is deleted after each write.
@@ -25,9 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 ONE = r"""
 import json, sys
-sys.path.insert(0, sys.argv[1])
-from pyllm_a100.synth import synthesize
-r = synthesize(sys.argv[2], sys.argv[3], layers=int(sys.argv[4]), seed=42)
+from pyllm_a100.synth import synthesize  # the tree on PYTHONPATH
+r = synthesize(sys.argv[1], sys.argv[2], layers=int(sys.argv[3]), seed=42)
 print(json.dumps({"mb_s": r.mb_per_s, "rss_mib": r.peak_rss / 2**20, "bytes": r.bytes_written}))
 """
 
@@ -51,8 +49,8 @@ def main() -> int:
     for i in range(args.rounds):
         for side in (list(sources) if i % 2 == 0 else list(reversed(sources))):
             path = args.out / f"synth-speed-{i}.gguf"
-            run = subprocess.run([sys.executable, "-c", ONE, str(sources[side]), args.preset, str(path), str(args.layers)],
-                                 capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+            run = subprocess.run([sys.executable, "-c", ONE, args.preset, str(path), str(args.layers)], capture_output=True,
+                                 text=True, env=dict(env, PYTHONPATH=str(sources[side])), cwd=tempfile.gettempdir())
             path.unlink(missing_ok=True)
             if run.returncode != 0:
                 raise SystemExit(f"{side}: {run.stderr[-1500:]}")

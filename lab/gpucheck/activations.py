@@ -1,4 +1,4 @@
-"""lab/scripts/activation-rms's measurements: activation scale of synthetic models read through llama.cpp's eval
+"""python -m lab.runs.activation_rms's measurements: activation scale of synthetic models read through llama.cpp's eval
 callback in a fresh process, llama.cpp's own random test models, and gpu-check's comparison with an F32-KV CPU run
 (or the GPU) in the other side's place."""
 
@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-GPU_CHECK_PROMPT = [0, 271, 289, 300, 500, 700, 900]  # lab/scripts/gpu-check's fixed prompt ids
+GPU_CHECK_PROMPT = [0, 271, 289, 300, 500, 700, 900]  # python -m lab.runs.gpu_check's fixed prompt ids
 PAIRS = [("llama", "llama-dense", "tiny-llama"), ("deepseek4", "deepseek4-moe", "tiny-deepseek4"),
          ("glm-dsa", "glm-dsa-moe", "tiny-glm-dsa"), ("deepseek32", "deepseek32-moe", "tiny-deepseek32")]
 
@@ -181,9 +181,8 @@ def fmt(x: float | None) -> str:
 
 SYNTH_AT = r"""
 import sys
-sys.path.insert(0, sys.argv[1])  # an exported pyllm_a100 of another revision
-from pyllm_a100.synth import synthesize
-synthesize(sys.argv[2], sys.argv[3], seed=int(sys.argv[4]))
+from pyllm_a100.synth import synthesize  # an exported pyllm_a100 of another revision (PYTHONPATH)
+synthesize(sys.argv[1], sys.argv[2], seed=int(sys.argv[3]))
 """
 
 
@@ -213,8 +212,8 @@ class Synth:
         else:
             from pyllm_a100.llamacpp.native import native_dir
 
-            env = dict(os.environ, PYLLM_NATIVE_DIR=str(native_dir()))
-            subprocess.run([sys.executable, "-c", SYNTH_AT, str(self.src), preset, str(path), str(seed)],
+            env = dict(os.environ, PYLLM_NATIVE_DIR=str(native_dir()), PYTHONPATH=str(self.src))
+            subprocess.run([sys.executable, "-c", SYNTH_AT, preset, str(path), str(seed)],
                            check=True, env=env, cwd=tempfile.gettempdir())
         return path
 

@@ -1,4 +1,4 @@
-"""The llama-server of one llama.cpp build folder (lab/scripts/gpu-decode's pin-bin, patched-bin, ...), run with raw
+"""The llama-server of one llama.cpp build folder (python -m lab.runs.gpu_decode's pin-bin, patched-bin, ...), run with raw
 arguments for the side-by-side GPU scripts (gpu-token-check, gpu-concurrency, gpu-tensor-check).
 
 The package's :class:`~pyllm_a100.serve.process.ManagedProcess` does the work: log file, readiness (/health 200),

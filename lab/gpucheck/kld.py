@@ -3,10 +3,10 @@
 llama-quantize upcasts the model to F32 (ggml's own dequantization: exact for Q4_1); llama-perplexity writes the
 F32 model's log-probabilities over a corpus on the CPU (`--kl-divergence-base`); then the model itself is scored
 against that base on the CPU at two thread counts and on the GPU (`--kl-divergence`). The GPU passes when every
-figure lies within the CPU runs' noise (RULE below, the one place it is defined; lab/scripts/render-compat quotes it).
+figure lies within the CPU runs' noise (RULE below, the one place it is defined; python -m lab.tools.render_compat quotes it).
 
 Standard library only, so that it runs from a checkout with llama.cpp binaries of any build
-(lab/scripts/gpu-kld --bin DIR, e.g. lab/scripts/gpu-decode's patched-bin) as well as from lab/scripts/gpu-check's build.
+(python -m lab.runs.gpu_kld --bin DIR, e.g. python -m lab.runs.gpu_decode's patched-bin) as well as from python -m lab.runs.gpu_check's build.
 Every run records its dispatch (native, or a100 under lab/scripts/a100-dispatch.c) and the compute capability llama.cpp
 logged (lab/bench/dispatch.py); lab/gpucheck/kld_gap.py runs the matrix that explains the GPU/CPU gap (issue 41).
 """
@@ -59,7 +59,7 @@ def tools(bin_dir: Path) -> dict[str, Path]:
     missing = [str(p) for p in found.values() if not os.access(p, os.X_OK)]
     if missing:
         raise KldError(f"no executable {' or '.join(missing)}: pass the folder that holds llama-perplexity and "
-                       "llama-quantize (a build with those targets: this package's _native, or lab/scripts/gpu-decode's "
+                       "llama-quantize (a build with those targets: this package's _native, or python -m lab.runs.gpu_decode's "
                        "patched-bin)")
     return found
 

@@ -19,13 +19,13 @@ Q4_0 0.25: 4-bit without a min term is poor on a 135M model); the GPU - CPU diff
   x CPU, GPU native, GPU a100 (lab/scripts/a100-dispatch.c: an A100's host dispatch), each --build LABEL=DIR[@a100]
 
 Rows (gap()["rows"]) are flat: {type, device, dispatch, build, kld_mean, kld_mean_err, kld_99_9, same_top_pct,
-ppl_ratio, reported_capability, seconds, command}; table() renders them (lab/scripts/gpu-kld --gap prints it).
+ppl_ratio, reported_capability, seconds, command}; table() renders them (python -m lab.runs.gpu_kld --gap prints it).
 Reading: a GPU floor near the CPU's (f32 ~ 0) with the gap growing as the type coarsens points at the quantized
 kernels (activation rounding to q8_1, half-precision scale products); a floor already near 0.01 points at the
 GPU's float arithmetic (attention, norms, cuBLAS), whatever the weights.
 
 Builds this needs nothing new for: any build's llama-perplexity and llama-quantize. Optional builds (each a full
-llama.cpp CUDA build, ~5 min of 16 cores: lab/scripts/gpu-build LABEL --patches all -D ...): GGML_CUDA_FORCE_CUBLAS=ON
+llama.cpp CUDA build, ~5 min of 16 cores: python -m lab.runs.gpu_build LABEL --patches all -D ...): GGML_CUDA_FORCE_CUBLAS=ON
 moves the quantized batched matmuls from MMQ to dequantize + cuBLAS; GGML_CUDA_FORCE_MMQ=ON changes nothing on cc >= 7.5
 (ggml_cuda_should_use_mmq returns true for every MMQ type on Turing and newer before it reads FORCE_MMQ), so it is not
 worth a build here. Environment-only variants cost no build: GGML_CUDA_CUBLAS_COMPUTE_TYPE=f32 (cuBLAS's F16/F32

@@ -10,14 +10,14 @@ import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]  # the checkout lab/scripts/gpu-check imports this package from (and builds)
+REPO = Path(__file__).resolve().parents[2]  # the checkout python -m lab.runs.gpu_check imports this package from (and builds)
 LOGS = Path("/tmp/gpu-check-logs")  # server logs, packed into OUT/server-logs.tar.gz at the end
 RESULTS: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "steps": {}}
 OUT: Path
 
 
 def start(out: Path) -> None:
-    """Where gpu-check.json, the build logs and server-logs.tar.gz go (lab/scripts/gpu-check --out)."""
+    """Where gpu-check.json, the build logs and server-logs.tar.gz go (python -m lab.runs.gpu_check --out)."""
     global OUT
     OUT = out
 

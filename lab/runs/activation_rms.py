@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Activation scale of synthetic models on the CPU, next to llama.cpp's own random test models.
 
-    lab/scripts/activation-rms --build /tmp/archs --baseline REV    # builds test-llama-archs first (CPU, scratch dir)
-    lab/scripts/activation-rms --archs-bin /tmp/archs/bin/test-llama-archs
-    lab/scripts/activation-rms --gpu                                # on a GPU machine: GPU vs CPU instead of the KV proxy
+    python -m lab.runs.activation_rms --build /tmp/archs --baseline REV    # builds test-llama-archs first (CPU, scratch dir)
+    python -m lab.runs.activation_rms --archs-bin /tmp/archs/bin/test-llama-archs
+    python -m lab.runs.activation_rms --gpu                                # on a GPU machine: GPU vs CPU instead of the KV proxy
 
 For llama, deepseek4, glm-dsa and deepseek32 it writes llama.cpp's random test model
 (`test-llama-archs -a ARCH -s SEED -o DIR`, every tensor N(0, 0.1); skipped without
@@ -33,13 +32,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from lab.bench.native_view import use_installed_build
+from lab.gpucheck.activations import GPU_CHECK_PROMPT, PAIRS, Synth, build, fmt, kv_proxy, probe, test_model
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.append(str(REPO))  # the installed package first (its build); the checkout's source tree when none is
-
-from lab.gpucheck.activations import (  # noqa: E402
-    GPU_CHECK_PROMPT, PAIRS, Synth, build, fmt, kv_proxy, probe, test_model)
-
-__all__ = ["probe"]  # tests/test_synth.py loads this file and calls probe
+__all__ = ["probe"]  # tests/test_synth.py imports this module and calls probe
 
 
 def main() -> int:
@@ -56,6 +53,7 @@ def main() -> int:
                         "(a CUDA build on a GPU machine: gpu-check's comparison with expert choices and router margins)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args()
+    use_installed_build()  # the checkout's source tree (python -m from the root) on the installed package's build
     archs_bin = args.archs_bin or (build(args.build, REPO) if args.build else None)
     import numpy as np
 

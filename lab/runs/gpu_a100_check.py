@@ -1,9 +1,9 @@
-#!/usr/bin/env python3
 """Issue 41: re-verify pin and patched under the A100 dispatch (lab/scripts/a100-dispatch.c) on a newer GPU.
 
-    lab/scripts/gpu-a100-check --work /tmp/dec [--dispatch a100] [--dispatch-shim PATH] STAGE...   (all = ops soak tokens sanitizer)
+    python -m lab.runs.gpu_a100_check --work /tmp/dec [--dispatch a100] [--dispatch-shim PATH] STAGE...
+        (all = ops soak tokens sanitizer)
 
-after lab/scripts/gpu-build pin and patched (or gpu-decode build) and gpu-decode models (WORK/v4-4l.gguf):
+after python -m lab.runs.gpu_build pin and patched (or gpu_decode build) and gpu-decode models (WORK/v4-4l.gguf):
 ops        test-backend-ops for EVERY test, each build of --builds (default pin,patched; columns BUILD[@DISPATCH], the
            default dispatch --dispatch, a100 unless told): `support` lists the cases, then one `test -o '^X'` process
            per first letter X of the test names (the fusion tests support mode does not list are in them too) and
@@ -13,7 +13,7 @@ ops        test-backend-ops for EVERY test, each build of --builds (default pin,
 soak       the crash sweep through the patched llama-server (--soak-build): prompt lengths 1..--max-length on
            tiny-deepseek4, tiny-glm-dsa, tiny-deepseek32, tiny-llama, tiny-mamba and the 4-layer V4, all ud-q8-k-xl
            (lab/bench/soak.py, 1/4/16 concurrent too), then -ub 1..16 on the 4-layer V4 (lengths 1..40)
-tokens     lab/scripts/gpu-token-check WORK pin patched pin@a100 patched@a100: greedy tokens and top-4 log-probabilities,
+tokens     lab.runs.gpu_token_check WORK pin patched pin@a100 patched@a100: greedy tokens and top-4 log-probabilities,
            patched against the pin of its dispatch, each @a100 run against its native twin
 sanitizer  compute-sanitizer memcheck (llama-completion -n 8) and racecheck (-n 2, --racecheck-timeout) on the 4-layer
            V4 and the tiny V4, patched build, default dispatch
@@ -35,15 +35,12 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, REPO)
-from lab.bench import a100check as ac  # noqa: E402
-from lab.bench import dispatch as dsp  # noqa: E402
-from lab.bench.native_view import native_view  # noqa: E402
+from lab.bench import a100check as ac
+from lab.bench import dispatch as dsp
+from lab.bench.native_view import native_view
+from lab.runs import stages
 
 D = dsp.Dispatcher("a100")  # main() replaces it from --dispatch / --dispatch-shim
 PROMPT = "The capital of France is"
@@ -91,7 +88,7 @@ def rerun(a: argparse.Namespace, stage: str) -> str:
                       "--ub", str(a.ub), "--ub-lengths", str(a.ub_lengths)] + (["--ub-values", a.ub_values] if a.ub_values else []),
              "tokens": ["--token-specs", a.token_specs],
              "sanitizer": ["--sanitizer-build", a.sanitizer_build, "--tools", a.tools]}.get(stage, [])
-    return shlex.join(["lab/scripts/gpu-a100-check", *opts, stage])
+    return shlex.join(stages.command("lab.runs.gpu_a100_check", [*opts, stage]))
 
 
 def stage_ops(a: argparse.Namespace, w: str, res: dict) -> None:
@@ -206,7 +203,7 @@ def stage_soak(a: argparse.Namespace, w: str, res: dict) -> None:
 
 def stage_tokens(a: argparse.Namespace, w: str, res: dict) -> None:
     out = os.path.join(w, "a100")
-    cmd = [sys.executable, os.path.join(HERE, "gpu-token-check"), w, *a.token_specs.split(","), "--dispatch", "native"]
+    cmd = [sys.executable, "-m", "lab.runs.gpu_token_check", w, *a.token_specs.split(","), "--dispatch", "native"]
     if any(D.split(s)[1] == "a100" for s in a.token_specs.split(",")):
         cmd += ["--dispatch-shim", str(D.shim)]
     p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=dict(os.environ, OUT=out), timeout=1800)
@@ -253,7 +250,7 @@ def stage_report(a: argparse.Namespace, w: str, res: dict) -> None:
              if os.path.basename(f) not in ("token-check.json",)}
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True,
                          text=True).stdout.strip() if shutil.which("nvidia-smi") else "no nvidia-smi"
-    result = {"generated_by": "lab/scripts/gpu-a100-check", "gpu": gpu, "dispatch": a.dispatch,
+    result = {"generated_by": "python -m lab.runs.gpu_a100_check", "gpu": gpu, "dispatch": a.dispatch,
               "shim": D.describe(), "parts": {k: {"ok": v.get("ok"), "error": v.get("error"), "seconds": v.get("seconds"),
                                                     "command": v.get("command")} for k, v in parts.items()},
               **{k: v for k, v in parts.items()}}
@@ -316,24 +313,7 @@ def main() -> int:
         ap.error("--parallel, --part-workers, --max-length and --ub-lengths take N >= 1, --ub N >= 0")
     w = a.work
     os.makedirs(os.path.join(w, "a100"), exist_ok=True)
-    stages = [s for st in a.stages for s in (["ops", "soak", "tokens", "sanitizer"] if st == "all" else [st])]
-    rc = 0
-    for st in stages + ([] if "report" in stages else ["report"]):
-        res, t0 = {"ok": False, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}, time.time()
-        print(f"== {st} ({res['started']})", flush=True)
-        try:
-            STAGES[st](a, w, res)
-            res["ok"] = True
-        except Exception as e:  # recorded; the next stages still run
-            res["error"] = f"{type(e).__name__}: {e}"
-            res["traceback"] = traceback.format_exc()[-3000:]
-            print(f"   {st} failed: {res['error']}", flush=True)
-            rc = 1
-        res["seconds"] = round(time.time() - t0, 1)
-        if st != "report":
-            json.dump(res, open(os.path.join(w, "a100", f"{st}.json"), "w"), indent=1)
-    return rc
-
+    return stages.run(stages.expand(a.stages, ["ops", "soak", "tokens", "sanitizer"]), STAGES, a, w, os.path.join(w, "a100"))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Two builds side by side from one gpu-multitoken run: the series without a new patch (A) and with it (B).
 
-    lab/scripts/gpu-ab-table WORK/mt --a prev --b patched [--out FILE.json]
+    python -m lab.runs.gpu_ab_table WORK/mt --a prev --b patched [--out FILE.json]
 
 Reads the stage files gpu-multitoken wrote (verify.json, batched.json, ncu.json; any may be missing) and, for each
 dispatch the columns ran under (A and A@a100 against B and B@a100), prints and writes:
@@ -18,8 +17,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from lab.bench import multitoken as mt  # noqa: E402
+from lab.bench import multitoken as mt
 
 
 def load(folder: str, stage: str) -> dict:

@@ -1,14 +1,13 @@
-#!/usr/bin/env python3
 """One llama.cpp build for the lab's GPU runs: the packed pin plus a patch set, CMake sm_80 with Ninja, into WORK/LABEL-bin.
 
-    lab/scripts/gpu-build --src .carry/llama.cpp-src.tar.gz --work /tmp/dec LABEL [--patches base|all|FILE...]
+    python -m lab.runs.gpu_build --src .carry/llama.cpp-src.tar.gz --work /tmp/dec LABEL [--patches base|all|FILE...]
         [--targets T,T...] [-D KEY=VALUE ...] [--sass90] [--jobs N] [--extend FROM]
 
-    pin:     lab/scripts/gpu-build --src ... --work /tmp/dec pin --patches base    # 0001-0003, the pin's crash fixes
-    patched: lab/scripts/gpu-build --src ... --work /tmp/dec patched --patches all # every patch in the folder
-    one more: lab/scripts/gpu-build --src ... --work /tmp/dec new --extend patched --patches vendor/patches/0036-*
+    pin:     python -m lab.runs.gpu_build --src ... --work /tmp/dec pin --patches base    # 0001-0003, the pin's crash fixes
+    patched: python -m lab.runs.gpu_build --src ... --work /tmp/dec patched --patches all # every patch in the folder
+    one more: python -m lab.runs.gpu_build --src ... --work /tmp/dec new --extend patched --patches vendor/patches/0036-*
 
-Patch sets: ``base`` = the folder's patches whose names start 0001, 0002 or 0003 (lab/scripts/gpu-decode's BASE), ``all``
+Patch sets: ``base`` = the folder's patches whose names start 0001, 0002 or 0003 (python -m lab.runs.gpu_decode's BASE), ``all``
 = every *.patch in name order; the folder is $GPU_DECODE_PATCHES or vendor/patches; or name the files. Each applies with
 ``patch -p1 --fuzz=0`` (git format-patch files too). Separate trees, so two builds run as two gpu-session jobs and the
 first can be used while the second compiles (a patched rebuild recompiles nearly everything anyway: 0001-0003 and the
@@ -40,7 +39,6 @@ import tarfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
 PATCH_DIR = os.environ.get("GPU_DECODE_PATCHES") or os.path.join(HERE, "..", "..", "vendor", "patches")
 TARGETS = ["llama-bench", "llama-batched-bench", "llama-server", "test-backend-ops", "llama-perplexity", "llama-quantize",
            "llama-completion"]

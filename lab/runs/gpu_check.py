@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """GPU check: build the sm_80 package from the packed source and compare GPU with CPU.
 
 Run on a machine with NVIDIA GPUs and no package index (the device machine):
 
-    lab/scripts/gpu-check --out DIR --archive .carry/llama.cpp-src.tar.gz --wheels .whl
+    python -m lab.runs.gpu_check --out DIR --archive .carry/llama.cpp-src.tar.gz --wheels .whl
 
 Steps, each recorded in DIR/gpu-check.json (a failed step is recorded, the rest still run):
   1. environment: GPUs, driver, nvcc;
@@ -18,7 +17,7 @@ Steps, each recorded in DIR/gpu-check.json (a failed step is recorded, the rest 
      machine): 64 temperature-0 tokens of a chat answer GPU vs CPU, server and in-process, and the teacher-forced
      logits NMSE (step "real model"; skipped with a note without the file);
   4c. with --real-model: KL divergence of its token distributions vs its F32 upcast, CPU at two thread counts and
-     GPU (lab.gpucheck.kld, results in DIR/gpu-kld.json; alone: lab/scripts/gpu-kld with any build's binaries);
+     GPU (lab.gpucheck.kld, results in DIR/gpu-kld.json; alone: python -m lab.runs.gpu_kld with any build's binaries);
   5. in-process diagnostics (verbose logging x import order x GPU) and --split-mode row;
   6. with two GPUs: a real-shape deepseek-v4-flash cut to --v4-layers layers served with
      --tensor-split 1x2 (layers and memory per GPU, one request) and in-process Llama
@@ -29,19 +28,19 @@ Steps, each recorded in DIR/gpu-check.json (a failed step is recorded, the rest 
      f16/q8_0/q4_0/ud-q8-k-xl, prompts of every length 1..64 and 1..32 concurrent requests
      at the default --parallel and at 16, teacher-forced logits NMSE GPU vs CPU for a sample
      of lengths (one batch each); then the real-shape V4 (--v4-layers) over two GPUs. Any
-     crash fails the step. Alone: `lab/scripts/gpu-check --only soak ...` (or --only soak-v4).
+     crash fails the step. Alone: `python -m lab.runs.gpu_check --only soak ...` (or --only soak-v4).
   9. speculative drafts (step "drafts", results under "drafts" in DIR/gpu-check.json): each draft
      preset (tiny-deepseek4-dspark, the -mtp presets, tiny-glm-dsa-nextn's own block) served beside its target on the GPU, 32
      temperature-0 tokens with and without the draft (pass: equal; draft counts recorded); then the
      real-shape deepseek-v4-flash cut to --v4-layers with deepseek-v4-flash-dspark at
      --spec-draft-n-max 7: acceptance and decode tokens/s with vs without the draft (random weights:
      acceptance near 0, so this measures the draft's cost, not the speed-up a trained draft gives).
-     Alone: `lab/scripts/gpu-check --only drafts ...`; on a CPU-only machine add --cpu (tiny presets only).
+     Alone: `python -m lab.runs.gpu_check --only drafts ...`; on a CPU-only machine add --cpu (tiny presets only).
   10. nvfp4 (--only nvfp4): the nvfp4-mix synth type (NVFP4 routed experts) compared GPU vs CPU and soaked like
      the other types; memory-plan (--only memory-plan): doctor's memory estimate beside the measured memory per
      GPU for --memplan-model served at --memplan-ctx x --memplan-parallel over every GPU (results in
      DIR/gpu-check.json "memory_plan").
-lab/scripts/render-compat turns the JSON (committed as lab/results/gpu-check.json) into the
+python -m lab.tools.render_compat turns the JSON (committed as lab/results/gpu-check.json) into the
 README's compatibility table; lab/notes/gpu-report.md quotes its figures.
 --dispatch a100 (issue 41): the script runs itself again with lab/scripts/a100-dispatch.c in LD_PRELOAD, so every
 llama-server, tool and in-process Llama it starts takes an A100's host dispatch; gpu-check.json and gpu-serving.json
@@ -51,38 +50,36 @@ record the dispatch and the compute capability the llama.cpp logs reported.
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
+import importlib
+import importlib.metadata
 import os
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))  # the steps come from this checkout's source tree: the install step builds the site
-
-from lab.bench import dispatch as dsp  # noqa: E402
-from lab.gpucheck import runner  # noqa: E402
-from lab.gpucheck.compare import compare_preset, in_process_diagnostics, jit_cost, real_model  # noqa: E402
-from lab.gpucheck.install import build_info, cuobjdump, environment, install, llama_archs  # noqa: E402
-from lab.gpucheck.multi_gpu import row_split, two_gpus, two_gpus_in_process  # noqa: E402
-from lab.gpucheck.runner import LOGS, RESULTS, STEPS, finish, gpu_memory, step, synth_preset  # noqa: E402
-from lab.gpucheck.serving import (  # noqa: E402
+from lab.bench import dispatch as dsp
+from lab.gpucheck import runner
+from lab.gpucheck.compare import compare_preset, in_process_diagnostics, jit_cost, real_model
+from lab.gpucheck.install import build_info, cuobjdump, environment, install, llama_archs
+from lab.gpucheck.multi_gpu import row_split, two_gpus, two_gpus_in_process
+from lab.gpucheck.runner import LOGS, RESULTS, STEPS, finish, gpu_memory, step, synth_preset
+from lab.gpucheck.serving import (
     DRAFT_PAIRS, SERVING, doctor, drafts, glm5, memory_plan, nvfp4, serving_soak, serving_soak_v4, soak_glm5)
+from lab.runs import stages
 
 
 def native_build(site: Path) -> Path:
-    """The llama.cpp build the source tree's in-process code uses (PYLLM_NATIVE_DIR): the site's; without one there
-    (--skip-build on a machine where the package is installed elsewhere) the installed package's, as before the
-    steps moved into the package. Subprocesses import the site's package (PYTHONPATH) and find the same build."""
+    """The llama.cpp build the in-process code uses (PYLLM_NATIVE_DIR): the site's; without one there (--skip-build on
+    a machine where the package is installed elsewhere) the installed distribution's, as before the steps moved into
+    the package. Subprocesses import the site's package (PYTHONPATH) and find the same build."""
     own = site / "pyllm_a100" / "_native"
     if (own / "build_info.json").is_file():
         return own
-    others = [p for p in sys.path if Path(p or ".").resolve() != REPO]
-    spec = importlib.machinery.PathFinder.find_spec("pyllm_a100", others)
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        if (Path(folder) / "_native" / "build_info.json").is_file():
-            return Path(folder) / "_native"
-    return own
+    try:
+        installed = Path(importlib.metadata.distribution("pyllm-a100").locate_file("pyllm_a100/_native"))
+    except importlib.metadata.PackageNotFoundError:
+        return own
+    return installed if (installed / "build_info.json").is_file() else own
 
 
 def main() -> int:
@@ -117,9 +114,12 @@ def main() -> int:
     args = parser.parse_args()
     dispatcher = dsp.from_args(args, build_dir=args.out)
     try:  # the same process again with the dispatch's LD_PRELOAD: every child and in-process library inherits it
-        dsp.reexec_with(args.dispatch, dispatcher.shim if args.dispatch == "a100" else None, [sys.executable, *sys.argv])
+        dsp.reexec_with(args.dispatch, dispatcher.shim if args.dispatch == "a100" else None, stages.own_argv())
     except dsp.DispatchError as exc:
         parser.error(str(exc))
+    # and with the site the install step builds, then this checkout, leading PYTHONPATH: the package and wheels installed
+    # there are imported by this process (once installed: importlib.invalidate_caches below) and by every child
+    stages.reexec_with_pythonpath(str(args.site))
     runner.start(args.out)
     RESULTS["dispatch"] = dispatcher.describe() | {"dispatch": dsp.current()}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -127,12 +127,11 @@ def main() -> int:
     args.models.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("CUDA_CACHE_MAXSIZE", "4294967296")
     os.environ.setdefault("PYLLM_HOME", "/tmp/pyllm-home")
-    sys.path.insert(0, str(args.site))
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(args.site), os.environ.get("PYTHONPATH", "")])
     if not args.cpu:
         environment()
     if not args.skip_build:
         install(args.archive.resolve(), args.wheels.resolve() if args.wheels else None, args.site)
+    importlib.invalidate_caches()  # the site folder and what was installed into it after this process started
     os.environ["PYLLM_NATIVE_DIR"] = str(native_build(args.site))  # in-process code runs the source tree
     build_info()
     if args.build_only:

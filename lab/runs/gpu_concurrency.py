@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """Aggregate tokens/s under concurrency, pin vs patched, one GPU (issue 23 item 4), with the forwards each level cost.
 
-    lab/scripts/gpu-concurrency WORK [MODEL] [LEVELS] [SWITCHES] [--columns pin,patched,patched+SLOTLRU] [--parallel 32]
+    python -m lab.runs.gpu_concurrency WORK [MODEL] [LEVELS] [SWITCHES] [--columns pin,patched,patched+SLOTLRU] [--parallel 32]
         [--graph-count graph-count.so] [--dispatch native|a100] [--dispatch-shim PATH]
-    # after lab/scripts/gpu-decode build models; MODEL default WORK/v4-43l.gguf, LEVELS 1,8,16,32; SWITCHES: the switches
+    # after python -m lab.runs.gpu_decode build models; MODEL default WORK/v4-43l.gguf, LEVELS 1,8,16,32; SWITCHES: the switches
     # (lab/bench/decode_switches.py) of every patched column, e.g. OCCUPANCY+FATILES8
 
 Each column's llama-server (BUILD[+SWITCH...]: -ngl 99 -fa on --fit off, --parallel N = -np N with 512 tokens per
@@ -18,12 +17,11 @@ and the compute capability its llama-server logged. Writes $OUT/concurrency.json
 """
 import argparse, json, os, sys, tempfile
 from pathlib import Path
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from pyllm_a100.bench.concurrency import BenchError, measure, parse_levels, scaling  # noqa: E402
-from lab.bench import dispatch as dsp  # noqa: E402
-from lab.bench.decode_switches import ENV_COLUMNS  # noqa: E402
-from lab.gpucheck.build_server import BuildServer  # noqa: E402
-from pyllm_a100.home import write_json_atomic  # noqa: E402
+from pyllm_a100.bench.concurrency import BenchError, measure, parse_levels, scaling
+from lab.bench import dispatch as dsp
+from lab.bench.decode_switches import ENV_COLUMNS
+from lab.gpucheck.build_server import BuildServer
+from pyllm_a100.home import write_json_atomic
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("work"); ap.add_argument("model", nargs="?"); ap.add_argument("levels", nargs="?", default="1,8,16,32")

@@ -1,6 +1,5 @@
-#!/usr/bin/env python3
 """Issue 23: DeepSeek-V4-Flash single-stream decode, sm_80 build: pin vs our new patches.
-  lab/scripts/gpu-decode --src PIN.tar.gz [--work /tmp/dec] STAGE...   (all = build models ops bench ncu)
+  python -m lab.runs.gpu_decode --src PIN.tar.gz [--work /tmp/dec] STAGE...   (all = build models ops bench ncu)
 build   pristine pin (.tar.gz or folder) -> WORK/src + vendor/patches/0001-0003, cmake sm_80 Ninja, TARGETS ->
         WORK/pin-bin; then each new patch (0004..; or the --levels groups) in name order, incremental rebuild ->
         WORK/pNNNN-bin; the last is WORK/patched-bin. Copies run with LD_LIBRARY_PATH=their folder.
@@ -11,20 +10,21 @@ batched llama-batched-bench -npl 1,8,16,32 (43 layers): N sequences in one ubatc
 ncu     ncu --graph-profiling node, llama-bench -p 0 -n 1 and -n 2 (4 layers): the difference is one forward
 ncufull ncu per launch on every kernel of one 4-layer forward (--ncu-patched): stalls, occupancy, DRAM %
 Patches: vendor/patches here (or $GPU_DECODE_PATCHES). Each stage writes WORK/results/STAGE.json (its failure too);
-report merges them into $OUT/gpu-decode.json + .txt; long runs: lab/scripts/gpu-session (lab/notes/gpu-report.md, Decode path).
+report merges them into $OUT/gpu-decode.json + .txt; long runs: lab/scripts/gpu-session (lab/notes/gpu-state.md).
 Dispatch (issue 41): columns BUILD[+SWITCH...][@DISPATCH], e.g. --columns pin,patched,pin@a100,patched@a100 (interleaved
 like any columns); --dispatch a100 is the default of columns without @ (and of --ops-builds, --ncu-patched, ncu's pin).
 @a100 runs the program with lab/scripts/a100-dispatch.c preloaded (built once into WORK, or --dispatch-shim); every
 stage's JSON records each column's dispatch and the compute capability llama.cpp logged (lab/bench/dispatch.py)."""
-import argparse, glob, json, os, re, shutil, subprocess, sys, tarfile, time, traceback
+import argparse, glob, json, os, re, shutil, subprocess, sys, tarfile, time
+
+from lab.bench.decode_switches import ENV_COLUMNS  # the BUILD+SWITCH names (decode_switches.SWITCHES)
+from lab.bench import dispatch as dsp  # BUILD@DISPATCH, the a100-dispatch shim, the reported capability
+from lab.runs import stages
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PATCHES = sorted(glob.glob(os.path.join(os.environ.get("GPU_DECODE_PATCHES") or os.path.join(HERE, "..", "..", "vendor", "patches"), "*.patch")))
 BASE = [p for p in PATCHES if os.path.basename(p)[:4] in ("0001", "0002", "0003")]
 NEW = [p for p in PATCHES if p not in BASE]
-sys.path.insert(0, os.path.join(HERE, "..", ".."))  # the checkout's pyllm_a100 (bench helpers; no native build needed)
-from lab.bench.decode_switches import ENV_COLUMNS  # noqa: E402  the BUILD+SWITCH names (decode_switches.SWITCHES)
-from lab.bench import dispatch as dsp  # noqa: E402  BUILD@DISPATCH, the a100-dispatch shim, the reported capability
 DISPATCH = dsp.Dispatcher()  # main() replaces it from --dispatch / --dispatch-shim
 OPS = ["MUL_MAT", "MUL_MAT_ID", "MUL_MAT_VEC_FUSION", "MUL_MAT_ID_FUSION", "MOE_REDUCE", "MUL", "ADD", "SIGMOID", "SCALE",
        "MUL_ADD_SIGMOID_SCALE", "MUL_MAT_SHARED_SRC1", "DSV4_COMPRESS_POOL", "SOFT_MAX", "SUM_ROWS", "GET_ROWS", "CONCAT",
@@ -328,7 +328,7 @@ def main():
     global DISPATCH
     DISPATCH = dsp.from_args(a, build_dir=w)
     os.makedirs(os.path.join(w, "results"), exist_ok=True)
-    stages = [s for st in a.stages for s in (["build", "models", "ops", "bench", "ncu"] if st == "all" else [st])]
+    run = stages.expand(a.stages, ["build", "models", "ops", "bench", "ncu"])
     try:
         bases = [DISPATCH.split(s)[0] for s in (a.columns or "").split(",") + [a.ncu_patched] + a.ops_builds.split(",") if s]
     except dsp.DispatchError as e:
@@ -339,22 +339,9 @@ def main():
         ap.error(f"--bench-layers {a.bench_layers}: the models stage writes the 4- and 43-layer files (4, 43 or 4,43)")
     if any("=" not in kv for kv in a.ops_env):
         ap.error("--ops-env takes KEY=VALUE, e.g. GGML_CUDA_DSV4_POOL_SPLIT=1")
-    if "build" in stages and not a.src:
+    if "build" in run and not a.src:
         ap.error("build needs --src")
-    for st in stages + ([] if "report" in stages else ["report"]):
-        res, t0 = {"ok": False, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}, time.time()
-        print(f"== {st} ({res['started']})", flush=True)
-        try:
-            STAGES[st](a, w, res)
-            res["ok"] = True
-        except Exception as e:
-            res["error"] = f"{type(e).__name__}: {e}"
-            res["traceback"] = traceback.format_exc()[-3000:]
-            print(f"   {st} failed: {res['error']}", flush=True)
-        res["seconds"] = round(time.time() - t0, 1)
-        res.setdefault("dispatch", "none: no llama.cpp process in this stage")
-        if st != "report":
-            json.dump(res, open(os.path.join(w, "results", f"{st}.json"), "w"), indent=1)
+    stages.run(run, STAGES, a, w, os.path.join(w, "results"), idle=lambda st: "none: no llama.cpp process in this stage")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """The serving soak with a draft (a patch's "0 crashes in the soak" for speculative decoding): lab.bench.soak against
 one gpu-build's llama-server serving WORK/TARGET.gguf with WORK/TARGET-DRAFT.gguf at --draft-max K, optionally at a
 synthetic acceptance (--spec-synth-len) so that every verify width and accepted length occurs, with --parallel slots
 sharing one KV pool (pyllm serve's default). Prompts of every length alone, then waves of concurrent requests.
 
-    lab/scripts/gpu-draft-soak --work /tmp/dec --build cand --target v4-43l --draft dspark --draft-max 5 \
+    python -m lab.runs.gpu_draft_soak --work /tmp/dec --build cand --target v4-43l --draft dspark --draft-max 5 \
         --synth-len 2.5 --out DIR/gpu-draft-soak.json
 """
 
@@ -16,7 +15,6 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,22 +1,21 @@
-#!/usr/bin/env python3
 """KL divergence GPU vs CPU on a real model, as llama.cpp measures it (lab/gpucheck/kld.py).
 
-    lab/scripts/gpu-kld --bin DIR --model MODEL.gguf --out OUT [--work TMP] [--threads A,B] [--cpu-only]
+    python -m lab.runs.gpu_kld --bin DIR --model MODEL.gguf --out OUT [--work TMP] [--threads A,B] [--cpu-only]
         [--dispatch native|a100] [--dispatch-shim PATH]
-    lab/scripts/gpu-kld --gap --bin DIR --model MODEL.gguf --out OUT [--types f32,q8_0,q4_0,q4_1]
+    python -m lab.runs.gpu_kld --gap --bin DIR --model MODEL.gguf --out OUT [--types f32,q8_0,q4_0,q4_1]
         [--dispatches native,a100] [--build LABEL=DIR[@a100]...] [--gpu-variant NAME=ARGS...]
 
-DIR holds llama-perplexity and llama-quantize (this package's _native, or lab/scripts/gpu-decode's WORK/patched-bin; they
+DIR holds llama-perplexity and llama-quantize (this package's _native, or python -m lab.runs.gpu_decode's WORK/patched-bin; they
 run with LD_LIBRARY_PATH=DIR). Steps: MODEL -> F32 (llama-quantize), the F32 model's log-probabilities over the
 package's corpus on the CPU (the base, in TMP), MODEL against the base on the CPU at two thread counts (all cores and
-half) and on the GPU (-ngl 99). Writes OUT/gpu-kld.json (commit it as lab/results/gpu-kld.json: lab/scripts/render-compat
+half) and on the GPU (-ngl 99). Writes OUT/gpu-kld.json (commit it as lab/results/gpu-kld.json: python -m lab.tools.render_compat
 then decides the README's llama row by kld.RULE) and OUT/kld-logs/. Exit 0 when the GPU is within the CPU noise (or
 --cpu-only), 1 when not, 2 on a bad input or a failed run (one line on stderr). --dispatch a100 runs the GPU side with
 lab/scripts/a100-dispatch.c preloaded (an A100's host dispatch); the JSON records it and the capability llama.cpp logged.
 
 --gap (issue 41): the runs that explain the GPU/CPU gap (lab/gpucheck/kld_gap.py): the F32 upcast itself (the GPU's
 floor), Q8_0 and Q4_0 made from it by llama-quantize, and the model, each on the CPU and on the GPU under every
---dispatches, plus every --build (e.g. cublas=/tmp/dec/patched-cublas-bin from lab/scripts/gpu-build -D
+--dispatches, plus every --build (e.g. cublas=/tmp/dec/patched-cublas-bin from python -m lab.runs.gpu_build -D
 GGML_CUDA_FORCE_CUBLAS=ON) and --gpu-variant (e.g. fa-off='-fa off'); writes OUT/gpu-kld-gap.json and prints its table.
 Exit 0 when every run gave a figure, 1 when some did not.
 """
@@ -28,10 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's kld.py (standard library only)
 
-from lab.bench import dispatch as dsp  # noqa: E402
-from lab.gpucheck import kld, kld_gap  # noqa: E402
+from lab.bench import dispatch as dsp
+from lab.gpucheck import kld, kld_gap
 
 
 def threads(text: str) -> tuple[int, int]:
@@ -46,7 +44,7 @@ def threads(text: str) -> tuple[int, int]:
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, not the usage block
-        print(f"error: {message} (lab/scripts/gpu-kld --help)", file=sys.stderr)
+        print(f"error: {message} (python -m lab.runs.gpu_kld --help)", file=sys.stderr)
         sys.exit(2)
 
 

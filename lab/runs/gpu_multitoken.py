@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """Issue 42: multi-token cost curves on the real DeepSeek-V4 shape, pin vs patched, native and A100 dispatch in one run.
 
-    lab/scripts/gpu-multitoken --work /tmp/dec [--columns pin,patched,pin@a100,patched@a100] STAGE...
+    python -m lab.runs.gpu_multitoken --work /tmp/dec [--columns pin,patched,pin@a100,patched@a100] STAGE...
         (all = models warmup verify batched draft ncu; report always runs last)
 
-after lab/scripts/gpu-build pin / patched (or gpu-decode build) and gpu-decode models (WORK/v4-43l.gguf, v4-4l.gguf):
+after lab.runs.gpu_build pin / patched (or gpu_decode build) and gpu_decode models (WORK/v4-43l.gguf, v4-4l.gguf):
 models   the synthetic drafts of the draft target (--draft-target, default the 4-layer file): deepseek-v4-flash-dspark
          and -mtp, 16 experts, seed 42; --write NAME,..: also those of MODELS that are missing (seed 42; v4-4l-256 keeps
          all 256 experts, glm5-78l and glm5-12l are glm-5 --experts 16 at 78 and 12 layers), WORK/NAME.gguf
@@ -26,7 +25,7 @@ ncu      ncu --graph-profiling node on --ncu-model: the kernels of one forward o
 report   WORK/mt/*.json -> $OUT/gpu-multitoken.json: rows {model, layers, dispatch, verify, batched, draft, projection}
          (lab/bench/multitoken.py), the commands, each column's dispatch and reported compute capability
 Columns: BUILD[@DISPATCH] (lab/bench/dispatch.py); --dispatch is the default of columns without @. Each stage writes
-WORK/mt/STAGE.json. Commit $OUT/gpu-multitoken.json as lab/results/gpu-multitoken.json, then python lab/benchmarks/report.py.
+WORK/mt/STAGE.json. Commit $OUT/gpu-multitoken.json as lab/results/gpu-multitoken.json, then python -m lab.benchmarks.report.
 """
 
 from __future__ import annotations
@@ -40,14 +39,12 @@ import shutil
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", ".."))
-from lab.bench import dispatch as dsp  # noqa: E402
-from lab.bench import multitoken as mt  # noqa: E402
-from pyllm_a100.home import write_json_atomic  # noqa: E402
+from lab.bench import dispatch as dsp
+from lab.bench import multitoken as mt
+from lab.runs import stages
+from pyllm_a100.home import write_json_atomic
 
 D = dsp.Dispatcher()  # main() replaces it from --dispatch / --dispatch-shim
 # file -> (preset, layers, routed experts kept): 16 of 256 keeps every layer and the per-token work in a file that fits
@@ -135,7 +132,7 @@ def stage_models(a, w, res):
             res[name] = {"seconds": round(time.time() - t0, 1), "bytes": os.path.getsize(model_path(w, name))}
 
 
-def sass90(w, build):  # lab/scripts/gpu-build --sass90 made the build's machine code: no PTX JIT at first use
+def sass90(w, build):  # lab.runs.gpu_build --sass90 made the build's machine code: no PTX JIT at first use
     f = os.path.join(w, "results", f"build-{resolve(build)[0]}.json")
     return os.path.exists(f) and str(json.load(open(f)).get("sass90", "")).startswith("compute_80 PTX compiled")
 
@@ -310,7 +307,7 @@ def stage_probe(a, w, res):
                 # the server's own count of decode graphs reused, per request (cumulative): a step that rebuilds
                 # its graph pays the build and, on a GPU, a kernel-by-kernel launch
                 col[vname]["graphs_reused"] = [int(n) for n in re.findall(r"graphs reused =\s+(\d+)", text)]
-                for key, pattern in (("timeline", r"pyllm-timeline: .*"),  # builds with lab/patches-probe/*.patch
+                for key, pattern in (("timeline", r"pyllm-timeline: .*"),  # builds with lab/patches' probes
                                      ("cuda_counters", r"pyllm-cuda-counters: .*"),
                                      ("decode_phases", r"pyllm-decode-phases: .*")):
                     lines = re.findall(pattern, text)
@@ -396,7 +393,7 @@ def stage_report(a, w, res):
                                    capture_output=True, text=True).stdout.strip()
                     if shutil.which("nvidia-smi") else "no nvidia-smi (CPU machine)")
     result = {
-        "generated_by": "lab/scripts/gpu-multitoken", "gpu": gpu, "started": st["verify"].get("started"),
+        "generated_by": "python -m lab.runs.gpu_multitoken", "gpu": gpu, "started": st["verify"].get("started"),
         "settings": {k: getattr(a, k) for k in ("columns", "models", "ks", "depth", "reps", "decode_tokens", "rounds", "npl",
                                                 "npp", "ntg", "batched_model", "drafts", "draft_target", "draft_n",
                                                 "projection_draft", "accept_lens", "k_ref")},
@@ -501,26 +498,9 @@ def main() -> int:
         ap.error("--k must include 1 (the decode step every ratio is taken against)")
     w = a.work
     os.makedirs(os.path.join(w, "mt"), exist_ok=True)
-    stages = [s for st in a.stages for s in (["models", "warmup", "verify", "batched", "draft", "ncu"] if st == "all" else [st])]
-    rc = 0
-    for st in stages + ([] if "report" in stages else ["report"]):
-        res, t0 = {"ok": False, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                   "command": shlex.join(["lab/scripts/gpu-multitoken", *sys.argv[1:]])}, time.time()
-        print(f"== {st} ({res['started']})", flush=True)
-        try:
-            STAGES[st](a, w, res)
-            res["ok"] = True
-        except Exception as e:  # recorded; the next stages still run
-            res["error"] = f"{type(e).__name__}: {e}"
-            res["traceback"] = traceback.format_exc()[-3000:]
-            print(f"   {st} failed: {res['error']}", flush=True)
-            rc = 1
-        res["seconds"] = round(time.time() - t0, 1)
-        res.setdefault("dispatch", {} if st != "models" else "none: no llama.cpp process in this stage")
-        if st != "report":
-            json.dump(res, open(os.path.join(w, "mt", f"{st}.json"), "w"), indent=1)
-    return rc
-
+    return stages.run(stages.expand(a.stages, ["models", "warmup", "verify", "batched", "draft", "ncu"]), STAGES, a, w,
+                      os.path.join(w, "mt"), {"command": shlex.join(stages.command("lab.runs.gpu_multitoken", sys.argv[1:]))},
+                      idle=lambda st: {} if st != "models" else "none: no llama.cpp process in this stage")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """One GPU: llama-server -sm tensor vs -sm layer, greedy tokens on the tiny and 4-layer V4 (issue 23 item 1).
 
-    lab/scripts/gpu-tensor-check /tmp/dec     # after lab/scripts/gpu-decode build models (its pin-bin, patched-bin, v4-4l.gguf)
+    python -m lab.runs.gpu_tensor_check /tmp/dec     # after python -m lab.runs.gpu_decode build models (its pin-bin, patched-bin, v4-4l.gguf)
 
 Writes WORK/results-tensor.json and $OUT/tensor-check.json (lab/results/gpu-tensor-split-one-gpu.json).
 """

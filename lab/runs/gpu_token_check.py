@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Greedy tokens of each patched build against the pin's, on the GPU (issue 23 item 3: exactness end to end).
 
-    lab/scripts/gpu-token-check /tmp/dec [BUILD[+ENV][@DISPATCH]...] [--dispatch native|a100] [--dispatch-shim PATH]
-        # after lab/scripts/gpu-decode build models (or lab/scripts/gpu-build); default: every build (and
+    python -m lab.runs.gpu_token_check /tmp/dec [BUILD[+ENV][@DISPATCH]...] [--dispatch native|a100] [--dispatch-shim PATH]
+        # after python -m lab.runs.gpu_decode build models (or python -m lab.runs.gpu_build); default: every build (and
         # patched+UNFUSED while lab/bench/decode_switches.py has it); +SWITCH: gpu-decode's switches, +HC_NORM ... +HC_ADD
         # (0022's fusions one at a time); @a100: the A100 dispatch (lab/scripts/a100-dispatch.c preloaded), @native the
         # GPU's own; --dispatch: the default of specs without @ (issue 41: pin@a100 patched@a100 pin patched)
@@ -17,11 +16,10 @@ spec is compared with the pin of ITS dispatch; an @a100 spec whose native twin r
 the compute capability its llama-server logged. Writes WORK/results-tokens.json and $OUT/token-check.json.
 """
 import argparse, json, os, subprocess, sys
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-import httpx  # noqa: E402
-from lab.bench import dispatch as dsp  # noqa: E402
-from lab.bench.decode_switches import ENV_COLUMNS  # noqa: E402
-from lab.gpucheck.build_server import BuildServer  # noqa: E402
+import httpx
+from lab.bench import dispatch as dsp
+from lab.bench.decode_switches import ENV_COLUMNS
+from lab.gpucheck.build_server import BuildServer
 
 
 def pin_entries_matched(pin, lp):
@@ -69,10 +67,10 @@ unknown = {n for b, _ in parsed for n in b.split("+")[1:] if n not in ENVS}
 if unknown:
     sys.exit(f"unknown switch {', '.join(sorted(unknown))}: use {', '.join(ENVS)} (BUILD+NAME[+NAME...][@DISPATCH])")
 if not os.path.isdir(w):
-    ap.error(f"{w}: no such folder (the work folder of lab/scripts/gpu-build, with BUILD-bin in it)")
+    ap.error(f"{w}: no such folder (the work folder of python -m lab.runs.gpu_build, with BUILD-bin in it)")
 missing = sorted({b.split("+")[0] for b, _ in parsed if not os.path.isdir(os.path.join(w, b.split("+")[0] + "-bin"))})
 if missing:
-    ap.error(f"no build {', '.join(missing)} in {w} (lab/scripts/gpu-build LABEL writes {w}/LABEL-bin)")
+    ap.error(f"no build {', '.join(missing)} in {w} (python -m lab.runs.gpu_build LABEL writes {w}/LABEL-bin)")
 
 
 def column(spec):  # "patched+HC@a100" -> ("patched", the switches' and the dispatch's environment, "a100")

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
-"""Print the probe lines (lab/patches-probe) of a folder of llama-server / llama-bench logs, compactly, so that a device
+"""Print the probe lines (the probe patches of lab/patches) of a folder of llama-server / llama-bench logs, compactly, so that a device
 call can print them into its output and the figures are read even if the result files are lost (the twenty-second and
 twenty-third runs did):
 
-    gpu-lab-session-summary DIR [--min N]
+    python -m lab.runs.probe_summary DIR [--min N]
 
 Per log: the step timeline's last line, and every decode-phases, cuda-launch and sched-splits line of N or more
 decodes/computes (default 10), shortened."""

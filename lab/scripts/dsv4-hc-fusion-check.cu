@@ -1,6 +1,7 @@
 // Patch 0021's fused DeepSeek-V4 hyper-connection kernels (with 0024's faster norm + mixes kernel), 0025's RMS_NORM +
 // MUL + q8_1 copy, 0033's compressor pooling with its window read ahead and 0038's launches of the hc_post and FFN-half
-// kernels (0033 and 0038: lab/patches-measured, old numbers) against the kernels they replace, bit for bit, on a GPU.
+// kernels (0033 and 0038 are old numbers: lab/patches/cuda-dsv4-compress-pool-window-read-ahead.patch and
+// cuda-dsv4-hc-comb-beside-the-loads.patch) against the kernels they replace, bit for bit, on a GPU.
 //
 // Each fused kernel claims to form every value with the unfused kernels' float operations in their order. This program
 // runs both sides on the same random inputs (V4 shapes: n_embd 4096, 4 streams, 24 mixes; 1 and 64 tokens) and counts

@@ -6,7 +6,7 @@
 //
 // The count lives in GRAPH_COUNT_FILE (8 bytes, little-endian, mapped shared), so another process reads it while
 // the server runs: python3 -c "import sys; print(int.from_bytes(open(sys.argv[1],'rb').read(8),'little'))" /tmp/n
-// Used by lab/scripts/gpu-concurrency to show how many forwards a decode step of N streams costs (patch 0034).
+// Used by python -m lab.runs.gpu_concurrency to show how many forwards a decode step of N streams costs (patch 0034).
 // Without GRAPH_COUNT_FILE it only forwards the call.
 #define _GNU_SOURCE
 #include <dlfcn.h>

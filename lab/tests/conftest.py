@@ -1,8 +1,5 @@
-"""The lab's tests: the product tests' fixtures and helpers (tests/conftest.py), and ``import lab`` from this checkout.
-
-The checkout goes at the END of sys.path, so ``pyllm_a100`` still comes from the installed package (its build) and
-only ``lab`` from here.
-"""
+"""The lab's tests: the product tests' fixtures and helpers (tests/conftest.py, which also makes ``import lab`` find
+this checkout while ``pyllm_a100`` still comes from the installed package and its build)."""
 
 from __future__ import annotations
 
@@ -11,9 +8,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.append(str(REPO))
-
 _spec = importlib.util.spec_from_file_location("pyllm_tests_conftest", REPO / "tests" / "conftest.py")
 _shared = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = _shared

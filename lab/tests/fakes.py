@@ -197,3 +197,10 @@ def env_without_preload() -> dict[str, str]:
 def sanitizer(folder: Path) -> Path:
     """A compute-sanitizer stand-in (put its folder first on PATH): runs the program, prints the tool's summary."""
     return write(folder, "compute-sanitizer", SANITIZER)
+
+
+def program(module: str, *args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """A lab program run as its users run it, ``python -m MODULE ARGS`` from the repository root (text mode; the
+    environment defaults to this one without a preloaded shim)."""
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env or env_without_preload(), cwd=Path(__file__).resolve().parents[2])

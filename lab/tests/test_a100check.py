@@ -1,4 +1,4 @@
-"""Issue 41's re-verification plan (lab/scripts/gpu-a100-check, lab/bench/a100check.py) on the CPU: test-backend-ops
+"""Issue 41's re-verification plan (lab/runs/gpu_a100_check.py, lab/bench/a100check.py) on the CPU: test-backend-ops
 output parsing, FLASH_ATTN_EXT's parts, the ops stage end to end over a stand-in test-backend-ops (timeouts, failures,
 not-supported and not-run counts, the dispatch proof), the sanitizer stage over stand-ins, and the crash sweep through
 this package's real CPU llama-server."""
@@ -17,7 +17,6 @@ from lab.bench import a100check as ac
 from lab.tests import fakes
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "lab" / "scripts" / "gpu-a100-check"
 G, R, Z = "\x1b[1;32m", "\x1b[1;31m", "\x1b[0m"
 
 SUPPORT = f"""Testing 2 devices
@@ -119,8 +118,7 @@ def test_sanitizer_summaries() -> None:
 
 
 def run(*args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env or fakes.env_without_preload())
+    return fakes.program("lab.runs.gpu_a100_check", *args, env=env, timeout=timeout)
 
 
 @pytest.mark.parametrize("args,message", [(["--builds", "pin@h100"], "DISPATCH one of"), (["--parallel", "0"], "--parallel"),
@@ -161,7 +159,7 @@ def test_ops_and_sanitizer_stages_over_stand_ins(tmp_path: Path) -> None:
         assert fa["parts"]["hsk=576"]["rc"] == "timeout" and fa["parts"]["hsk=576"]["not_run"] == 1
         assert (fa["passed"], fa["not_run"]) == (3, 1) and fa["unfinished"] == ["FLASH_ATTN_EXT[hsk=576]"]
         assert b["totals"]["failing_ops"] == ["ADD"] and b["totals"]["passed"] == 7 and b["totals"]["supported"] == 9
-    assert data["parts"]["ops"]["command"].startswith("lab/scripts/gpu-a100-check --work") and data["parts"]["ops"]["ok"] is False
+    assert data["parts"]["ops"]["command"].startswith("python -m lab.runs.gpu_a100_check --work") and data["parts"]["ops"]["ok"] is False
     runs = data["sanitizer"]["runs"]
     assert set(runs) == {"memcheck v4-4l -n 8", "racecheck v4-4l -n 2", "memcheck tiny-v4 -n 8", "racecheck tiny-v4 -n 2"}
     assert all(r["errors"] == 0 and r["finished"] and r["reported_capability"] == "8.0" for r in runs.values())

@@ -1,6 +1,6 @@
 """--dispatch on the GPU entry points (issue 41), checked on the CPU: gpu-decode's bench and batched stages over stand-in
 programs with native and A100-dispatch columns in one run, the argument handling of gpu-concurrency, gpu-token-check,
-gpu-kld and gpu-build, the re-exec that gpu-check and lab/benchmarks/gpu.py use, and the KLD gap matrix (kld_gap.py)
+gpu-kld and gpu-build (lab/runs), the re-exec that gpu-check and lab/benchmarks/gpu.py use, and the KLD gap matrix (kld_gap.py)
 on the CPU with the real SmolLM2."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from lab.bench import dispatch
 from lab.tests import fakes
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = REPO / "lab" / "scripts"
 
 
 def script(name: str, *args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env or fakes.env_without_preload())
+    """A lab program by its name: gpu-decode is python -m lab.runs.gpu_decode, gguf-keep-layers lab.tools.gguf_keep_layers."""
+    package = "lab.tools" if name == "gguf-keep-layers" else "lab.runs"
+    return fakes.program(f"{package}.{name.replace('-', '_')}", *args, env=env, timeout=timeout)
 
 
 def test_gpu_decode_bench_and_batched_mix_dispatches(tmp_path: Path) -> None:
@@ -117,8 +117,7 @@ def test_every_entry_point_documents_its_options(name: str) -> None:
     assert result.returncode == 0, result.stderr
     if name != "gpu-build":
         assert "--dispatch {native,a100}" in result.stdout and "--dispatch-shim PATH" in result.stdout
-    assert "--dispatch {native,a100}" in subprocess.run([sys.executable, str(REPO / "lab" / "benchmarks" / "gpu.py"), "--help"],
-                                                       capture_output=True, text=True, timeout=60).stdout
+    assert "--dispatch {native,a100}" in fakes.program("lab.benchmarks.gpu", "--help", timeout=60).stdout
 
 
 def test_gpu_build_patch_sets_and_cmake_line(tmp_path: Path) -> None:
@@ -198,8 +197,7 @@ def test_gpu_build_builds_a_patched_tree_into_label_bin(tmp_path: Path) -> None:
 
 REEXEC = """
 import os, sys
-sys.path.insert(0, {repo!r})
-from lab.bench import dispatch
+from lab.bench import dispatch  # this checkout's, on PYTHONPATH
 dispatch.reexec_with(sys.argv[1], {shim!r} if sys.argv[1] == "a100" else None, [sys.executable, *sys.argv])
 print(os.environ.get("LD_PRELOAD", ""), dispatch.current(), os.environ.get("PYLLM_LAB_DISPATCH", "-"))
 """
@@ -208,15 +206,16 @@ print(os.environ.get("LD_PRELOAD", ""), dispatch.current(), os.environ.get("PYLL
 def test_reexec_puts_the_shim_in_the_whole_process_and_native_takes_it_out(tmp_path: Path) -> None:
     shim = fakes.dummy_shim(tmp_path / "shim")
     prog = tmp_path / "p.py"
-    prog.write_text(REEXEC.format(repo=str(REPO), shim=str(shim)))
-    a100 = subprocess.run([sys.executable, str(prog), "a100"], capture_output=True, text=True, env=fakes.env_without_preload(),
+    prog.write_text(REEXEC.format(shim=str(shim)))
+    env = dict(fakes.env_without_preload(), PYTHONPATH=str(REPO))
+    a100 = subprocess.run([sys.executable, str(prog), "a100"], capture_output=True, text=True, env=env,
                           timeout=60, check=True).stdout.split()
     assert a100 == [str(shim.resolve()), "a100", "a100"]
     native = subprocess.run([sys.executable, str(prog), "native"], capture_output=True, text=True, timeout=60, check=True,
-                            env=dict(fakes.env_without_preload(), LD_PRELOAD=str(shim))).stdout.split()
+                            env=dict(env, LD_PRELOAD=str(shim))).stdout.split()
     assert native == ["native", "native"]  # LD_PRELOAD emptied, nothing left to print for it
     plain = subprocess.run([sys.executable, str(prog), "native"], capture_output=True, text=True, timeout=60, check=True,
-                           env=fakes.env_without_preload()).stdout.split()
+                           env=env).stdout.split()
     assert plain == ["native", "-"]  # no re-exec when there is nothing to change
 
 

@@ -1,9 +1,10 @@
-"""The KL-divergence check (lab/gpucheck/kld.py, lab/scripts/gpu-kld) on the CPU with the real SmolLM2 and this
-build's llama-quantize and llama-perplexity; its rule; and how lab/scripts/render-compat reads its result."""
+"""The KL-divergence check (lab/gpucheck/kld.py, lab/runs/gpu_kld.py) on the CPU with the real SmolLM2 and this
+build's llama-quantize and llama-perplexity; its rule; and how lab/tools/render_compat.py reads its result."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lab.gpucheck import kld
+from lab.tests import fakes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,8 +71,7 @@ def test_rule_widens_with_the_spread_of_the_two_cpu_runs() -> None:
 
 
 def gpu_kld(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "lab" / "scripts" / "gpu-kld"), *args], capture_output=True, text=True,
-                          timeout=60)
+    return fakes.program("lab.runs.gpu_kld", *args, env=dict(os.environ), timeout=60)
 
 
 @pytest.mark.parametrize("case", ["no-binaries", "no-model", "bad-threads"])
@@ -86,8 +87,9 @@ def test_gpu_kld_bad_input_is_one_line_and_nonzero(case: str, tmp_path: Path) ->
 
 
 def render_llama_row(results: Path) -> str:
-    out = subprocess.run([sys.executable, str(REPO / "lab" / "scripts" / "render-compat"), "--print", "--results", str(results)],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    out = fakes.program("lab.tools.render_compat", "--print", "--results", str(results), env=dict(os.environ), timeout=120)
+    out.check_returncode()
+    out = out.stdout
     return next(line for line in out.splitlines() if "`llama`" in line)
 
 

@@ -1,5 +1,5 @@
 """Issue 42's measurement tooling on the CPU: lab/bench/multitoken.py's parsing, projection, rows and renderer, the
-report.py wiring into docs/performance.md, and lab/scripts/gpu-multitoken end to end over stand-in llama.cpp programs
+report.py wiring into docs/performance.md, and python -m lab.runs.gpu_multitoken end to end over stand-in llama.cpp programs
 (lab/tests/fakes.py) with native and A100-dispatch columns mixed in one run."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from pyllm_a100.models.roofline import distinct_experts
 from lab.tests import fakes
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "lab" / "scripts" / "gpu-multitoken"
 ROW_KEYS = {"model", "layers", "dispatch", "verify", "batched", "draft", "projection"}
 
 
@@ -110,9 +109,8 @@ def report(tmp_path: Path, multitoken: Path | None, *extra: str) -> subprocess.C
     perf = tmp_path / "performance.md"
     if not perf.exists():
         shutil.copy(REPO / "docs" / "performance.md", perf)
-    args = [sys.executable, str(REPO / "lab" / "benchmarks" / "report.py"), "--write", str(tmp_path / "benchmarks.md"),
-            "--performance", str(perf), "--multitoken", str(multitoken or tmp_path / "none.json"), *extra]
-    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+    return fakes.program("lab.benchmarks.report", "--write", str(tmp_path / "benchmarks.md"), "--performance", str(perf),
+                         "--multitoken", str(multitoken or tmp_path / "none.json"), *extra, timeout=120)
 
 
 def test_report_renders_the_section_between_the_markers_and_checks_it(tmp_path: Path) -> None:
@@ -137,8 +135,7 @@ def test_the_committed_docs_say_what_the_committed_results_give() -> None:
 
 
 def run(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env or fakes.env_without_preload())
+    return fakes.program("lab.runs.gpu_multitoken", *args, env=env, timeout=timeout)
 
 
 @pytest.mark.parametrize("args,message", [(["--k", "0-4"], "--k"), (["--k", "2-4"], "must include 1"),
@@ -216,9 +213,7 @@ def test_gpu_ab_table_compares_two_builds_per_dispatch(tmp_path: Path) -> None:
         {"column": "prev", "order": 0, "tps": {"16": 400.0}}, {"column": "patched", "order": 1, "tps": {"16": 440.0}},
         {"column": "prev@a100", "order": 2, "error": "boom"}]}))
     out = tmp_path / "ab.json"
-    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu-ab-table"
-    p = subprocess.run([sys.executable, str(script), str(mt_dir), "--a", "prev", "--b", "patched", "--out", str(out)],
-                       capture_output=True, text=True, timeout=60)
+    p = fakes.program("lab.runs.gpu_ab_table", str(mt_dir), "--a", "prev", "--b", "patched", "--out", str(out), timeout=60)
     assert p.returncode == 0, p.stderr
     res = json.loads(out.read_text())
     native = res["by_dispatch"]["native"]
@@ -227,7 +222,7 @@ def test_gpu_ab_table_compares_two_builds_per_dispatch(tmp_path: Path) -> None:
     assert native["batched"] == [{"sequences": 16, "a_tps": 400.0, "b_tps": 440.0, "b_over_a": 1.1}]
     assert res["by_dispatch"]["a100"]["batched"] == []  # the failed A run leaves no pair
     assert "B/A 0.940" in p.stdout
-    none = subprocess.run([sys.executable, str(script), str(mt_dir), "--a", "x", "--b", "y"], capture_output=True, text=True, timeout=60)
+    none = fakes.program("lab.runs.gpu_ab_table", str(mt_dir), "--a", "x", "--b", "y", timeout=60)
     assert none.returncode == 1 and "no run of both x and y" in none.stderr and not (tmp_path / "x").exists()
 
 

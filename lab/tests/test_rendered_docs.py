@@ -8,12 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lab.tests import fakes
+
 REPO = Path(__file__).resolve().parents[2]
-RENDER = REPO / "lab" / "scripts" / "render-compat"
 
 
 def render(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(RENDER), *args], capture_output=True, text=True, timeout=120)
+    return fakes.program("lab.tools.render_compat", *args, timeout=120)
 
 
 def test_readme_compatibility_table_is_the_rendered_one() -> None:
@@ -64,8 +65,7 @@ def test_status_follows_the_results(tmp_path: Path) -> None:
 
 def test_performance_tables_are_the_rendered_ones() -> None:
     """docs/performance.md's and README.md's short tables are rendered from lab/results/gpu-decode.json."""
-    result = subprocess.run([sys.executable, str(REPO / "lab" / "benchmarks" / "report.py"), "--check"],
-                            capture_output=True, text=True, timeout=120)
+    result = fakes.program("lab.benchmarks.report", "--check", timeout=120)
     assert result.returncode == 0, result.stderr
     assert "| decode, one stream (llama-bench tg64), tokens/s |" in (REPO / "README.md").read_text()
 
@@ -74,10 +74,9 @@ def test_benchmarks_md_is_the_rendered_one(tmp_path: Path) -> None:
     """lab/notes/benchmarks.md is generated from lab/benchmarks/results/*.json, never edited by hand."""
     out, perf = tmp_path / "benchmarks.md", tmp_path / "performance.md"
     shutil.copy(REPO / "docs" / "performance.md", perf)
-    result = subprocess.run([sys.executable, str(REPO / "lab" / "benchmarks" / "report.py"), "--write", str(out),
-                             "--performance", str(perf)], capture_output=True, text=True, timeout=120)
+    result = fakes.program("lab.benchmarks.report", "--write", str(out), "--performance", str(perf), timeout=120)
     assert result.returncode == 0, result.stderr
-    assert out.read_text() == (REPO / "lab" / "notes" / "benchmarks.md").read_text(), "run: python lab/benchmarks/report.py"
+    assert out.read_text() == (REPO / "lab" / "notes" / "benchmarks.md").read_text(), "run: python -m lab.benchmarks.report"
 
 
 def test_llama_row_cites_the_real_weight_run_only_from_a_gpu(tmp_path: Path) -> None:
@@ -107,12 +106,12 @@ def test_llama_row_cites_the_real_weight_run_only_from_a_gpu(tmp_path: Path) -> 
 
 
 def test_decode_summary_is_the_one_the_raw_run_gives() -> None:
-    """lab/results/gpu-decode.json (issue 23) is summarized from the committed raw lab/scripts/gpu-decode output, never typed."""
+    """lab/results/gpu-decode.json (issue 23) is summarized from the committed raw lab.runs.gpu_decode output, never typed."""
     from lab.bench.decode_results import summarize
 
     raw = json.loads((REPO / "lab" / "results" / "gpu-decode-raw.json").read_text())
     committed = json.loads((REPO / "lab" / "results" / "gpu-decode.json").read_text())
-    assert committed == summarize(raw), "run: python lab/benchmarks/report.py --summarize-decode lab/results/gpu-decode-raw.json"
+    assert committed == summarize(raw), "run: python -m lab.benchmarks.report --summarize-decode lab/results/gpu-decode-raw.json"
     row = next(r for r in committed["rows"] if r["layers"] == 43)
     assert {"model", "layers", "pin_tps", "patched_tps"} <= set(row)
     # an op that failed on the GPU is either fixed in a rerun or explained, by name, in the run's ops_note

@@ -1,4 +1,4 @@
-"""The next GPU session's commands (lab/scripts/gpu-lab-session, lab/notes/next-gpu-session.md) checked here, so that no
+"""The next GPU session's commands (lab/scripts/gpu-lab-session, lab/notes/next-gpu-run.md) checked here, so that no
 typo costs device time: every queued job's dependencies exist and come first, and every lab script it calls accepts its
 arguments (run on a stage that needs no GPU: report, --dry-run, or a missing-binary error past argument parsing)."""
 
@@ -26,8 +26,13 @@ def queued(work: Path) -> list[list[str]]:
     return [shlex.split(line) for line in out.splitlines() if line.strip()]
 
 
+def name_of(module: str) -> str:
+    """A lab program's name from its module: lab.runs.gpu_build -> gpu-build."""
+    return module.rsplit(".", 1)[-1].replace("_", "-")
+
+
 def python_commands(job: list[str]) -> list[list[str]]:
-    """The lab-script invocations inside one job (bash -c strings split at ; and &&, OUT=... assignments dropped)."""
+    """The lab programs' invocations (python3 -m lab.X, as [module, args...]) inside one job (bash -c strings split at ; and &&, OUT=... assignments dropped)."""
     cmd = job[job.index("start") + 2:] if "start" in job else job[job.index("after") + 3:]
     if cmd[:2] == ["bash", "-c"]:  # split at ; and && outside quotes (a --probe value holds ; in its quotes)
         lex = shlex.shlex(cmd[2].replace("\\\n", " "), posix=True, punctuation_chars=";&")
@@ -46,8 +51,8 @@ def python_commands(job: list[str]) -> list[list[str]]:
     for words in pieces:
         while words and (re.fullmatch(r"[A-Z_]+=.*", words[0]) or words[0] in ("nice", "-n", "5")):
             words = words[1:]
-        if words[:1] == ["python3"] and words[1].startswith("lab/"):
-            out.append(words[1:])
+        if words[:2] == ["python3", "-m"] and words[2].startswith("lab."):
+            out.append(words[2:])
     return out
 
 
@@ -64,10 +69,10 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
     assert seen == ["bpatched", "models", "verify", "batched"]
     assert {j[2]: j[3] for j in jobs if j[1] == "after"} == {"verify": "bpatched,models", "batched": "verify"}
     text = "\n".join(shlex.join(j) for j in jobs)
-    assert "patches-probe" not in text and "patches-measured" not in text  # the shipped series only
+    assert "lab/patches" not in text  # the shipped series only
     build = next(j for j in jobs if j[2] == "bpatched")
     assert build[build.index("--patches") + 1] == "all" and "--sass90" in build
-    calls = [c for j in jobs for c in python_commands(j) if c[0].endswith("gpu-multitoken")]
+    calls = [c for j in jobs for c in python_commands(j) if name_of(c[0]) == "gpu-multitoken"]
     stage = {c[-1]: c for c in calls}
     assert set(stage) == {"models", "verify", "batched"}
     verify, batched = stage["verify"], stage["batched"]
@@ -81,14 +86,7 @@ def test_every_job_depends_on_jobs_queued_before_it(tmp_path: Path) -> None:
 
 
 def test_the_plans_model_is_glm5_with_its_dense_and_moe_layers() -> None:
-    import importlib.machinery
-    import importlib.util
-
-    loader = importlib.machinery.SourceFileLoader("gpu_multitoken_plan", str(REPO / "lab" / "scripts" / "gpu-multitoken"))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
+    from lab.runs import gpu_multitoken as mod
     from pyllm_a100.synth.presets import hparams_for
 
     preset, layers, experts = mod.MODELS["glm5-12l"]
@@ -101,9 +99,9 @@ def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> N
     work = tmp_path / "w"
     env = dict(fakes.env_without_preload(), OUT=str(tmp_path / "out"))
     calls = [c for job in queued(work) for c in python_commands(job)]
-    assert {Path(c[0]).name for c in calls} == {"gpu-build", "gpu-multitoken"}
+    assert {name_of(c[0]) for c in calls} == {"gpu-build", "gpu-multitoken"}
     for call in calls:
-        name, args = Path(call[0]).name, call[1:]
+        name, args = name_of(call[0]), call[1:]
         if name == "gpu-build":
             args = [*args, "--dry-run"]
             want = 0
@@ -122,7 +120,7 @@ def test_every_lab_script_in_the_plan_accepts_its_arguments(tmp_path: Path) -> N
             want = 2
         else:  # gpu-kld: past parsing it finds no binaries in the (empty) work folder
             want = 2
-        result = subprocess.run([sys.executable, str(REPO / call[0]), *args], capture_output=True, text=True, env=env,
+        result = subprocess.run([sys.executable, "-m", call[0], *args], capture_output=True, text=True, env=env,
                                 timeout=300, cwd=REPO)
         if name in ("gpu-ab-table", "gpu-token-check"):  # their only refusal here: the missing folder, options parsed
             assert result.returncode == 2 and any(w in result.stderr for w in ("no such folder", "no build", "holds none of")), result.stderr

@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """A GGUF cut to its first N blocks (real weights, fewer layers), small enough to travel to the GPU machine in one call.
 
-    lab/scripts/gguf-keep-layers IN.gguf OUT.gguf N
+    python -m lab.tools.gguf_keep_layers IN.gguf OUT.gguf N
 
 Keeps every metadata key (ARCH.block_count set to N) and every tensor but blk.I.* for I >= N, copied by the gguf
 package's own gguf_new_metadata.copy_with_new_metadata. For numerical checks that need a real model's weights and activations (the KLD gap on
