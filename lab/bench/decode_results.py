@@ -69,7 +69,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
            steps], "rows": rows, "kernels": kernels, "test_backend_ops": op_rows,
            **({k: raw[k] for k in ("column_notes", "ncu_note", "ops_note") if raw.get(k)}),
            "command": "python -m lab.runs.gpu_decode --src .carry/llama.cpp-src.tar.gz build models bench ncu ops  (GPU machine; "
-                      "then python -m lab.runs.gpu_decode report; lab/notes/gpu-report.md, Decode path)"}
+                      "then python -m lab.runs.gpu_decode report; lab/notes/gpu-state.md)"}
     if raw.get("tokens"):
         cases = raw["tokens"].get("summary") or {}
         out["greedy_tokens"] = {"all_equal_to_pin": raw["tokens"].get("all_equal"), "cases": len(cases),
@@ -118,7 +118,7 @@ def _concurrency(conc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _serving(run: dict[str, Any]) -> dict[str, Any]:
-    """A serving run (lab/notes/gpu-report.md, ninth run): llama-batched-bench per sequence count (S_TG of every round per
+    """A serving run (lab/notes/gpu-state.md, ninth run): llama-batched-bench per sequence count (S_TG of every round per
     column), and python -m lab.runs.gpu_concurrency's columns with the forwards each decode step cost (graph-count)."""
     batched = (run.get("batched") or {}).get("43l") or {}
     seqs = sorted({int(n) for col in batched.values() for n in (col.get("tg_tps") or {})})

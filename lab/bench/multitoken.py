@@ -302,7 +302,7 @@ def render(data: Mapping[str, Any] | None) -> str:
              "running the sm_80 code; `a100` = the host dispatch an A100 gets, lab/scripts/a100-dispatch.c). Generated from "
              "lab/results/gpu-multitoken.json by `python -m lab.benchmarks.report`"
              + (f"; measured {data['started'][:10]}, `patched` = vendor/patches as it was that day (later patches: the "
-                "other files below and lab/notes/gpu-report.md)" if data.get("started") else "") + ".", "",
+                "other files below and lab/notes/gpu-state.md)" if data.get("started") else "") + ".", "",
              "One forward of k tokens against one decode step (k/1; llama-bench, depth "
              f"{(data.get('settings') or {}).get('depth', '?')}):", "",
              "| dispatch | build | 1 token, ms | " + " | ".join(f"k={k}" for k in RENDER_KS) + " |",

@@ -10,7 +10,7 @@ For llama, deepseek4, glm-dsa and deepseek32 it writes llama.cpp's random test m
 SEED`; with --baseline also as synth.py of git revision REV wrote it), runs them through the
 installed pyllm-a100 build on the same token ids (teacher forcing, one batch) and reads the
 activations with an eval callback (llama-cpp-python's ``cb_eval``). Printed, as markdown
-(lab/notes/gpu-report.md quotes it):
+(lab/notes/gpu-state.md quotes it):
 
 1. per model: the embedding rows' RMS, the residual stream's RMS after each layer
    (``l_out``; DeepSeek-V4: the hyper-connection state ``l_last``) and how much each layer

@@ -41,7 +41,7 @@ Steps, each recorded in DIR/gpu-check.json (a failed step is recorded, the rest 
      GPU for --memplan-model served at --memplan-ctx x --memplan-parallel over every GPU (results in
      DIR/gpu-check.json "memory_plan").
 python -m lab.tools.render_compat turns the JSON (committed as lab/results/gpu-check.json) into the
-README's compatibility table; lab/notes/gpu-report.md quotes its figures.
+README's compatibility table; lab/notes/gpu-state.md quotes its figures.
 --dispatch a100 (issue 41): the script runs itself again with lab/scripts/a100-dispatch.c in LD_PRELOAD, so every
 llama-server, tool and in-process Llama it starts takes an A100's host dispatch; gpu-check.json and gpu-serving.json
 record the dispatch and the compute capability the llama.cpp logs reported.

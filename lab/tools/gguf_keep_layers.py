@@ -4,7 +4,7 @@
 
 Keeps every metadata key (ARCH.block_count set to N) and every tensor but blk.I.* for I >= N, copied by the gguf
 package's own gguf_new_metadata.copy_with_new_metadata. For numerical checks that need a real model's weights and activations (the KLD gap on
-SmolLM2: lab/notes/next-gpu-session.md), not for its answers. Writes OUT.tmp, then renames it.
+SmolLM2: lab/notes/gpu-state.md), not for its answers. Writes OUT.tmp, then renames it.
 """
 
 from __future__ import annotations

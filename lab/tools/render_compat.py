@@ -256,7 +256,7 @@ def table(results: Path = RESULTS) -> str:
             text += (f"; llama.cpp's own `test-llama-archs` model on {archs_run[0]['device']}: {verdict}"
                      + (f", NMSE {worst:.1e} vs its CPU" if worst is not None else "")
                      + (f", but the process then exited {rc} (SIGABRT at exit; not reproduced on one H200: "
-                        "lab/notes/gpu-report.md)" if rc else ""))
+                        "lab/notes/gpu-state.md)" if rc else ""))
         lines.append(f"| {family} | `{arch}` | {status} | {text} | {serving_text(serving, preset, arch)} | {tools_text(arch)} |")
     return "\n".join(lines) + "\n"
 
