@@ -166,7 +166,7 @@ def test_ops_and_sanitizer_stages_over_stand_ins(tmp_path: Path) -> None:
     assert "llama-completion" in runs["memcheck v4-4l -n 8"]["command"] and data["parts"]["sanitizer"]["ok"] is True
     tokens = data["tokens"]
     assert tokens["all_equal"] is True and tokens["reported_capability"]["patched@a100"] == "8.0"
-    assert "gpu-token-check" in tokens["script"] and tokens["summary"]["patched@a100:v4-4l:p300"]["equal_to_native"] is False
+    assert "lab.runs.gpu_token_check" in tokens["script"] and tokens["summary"]["patched@a100:v4-4l:p300"]["equal_to_native"] is False
     text = (tmp_path / "out" / "gpu-a100-dispatch.txt").read_text()
     assert "[ops] pin@a100: cc 8.0, 7/9 passed, 1 failed, 1 not supported, 1 not run; unfinished FLASH_ATTN_EXT[hsk=576]; failing ADD" in text
 

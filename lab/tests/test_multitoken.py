@@ -180,7 +180,7 @@ def test_stages_over_stand_ins_mix_dispatches_in_one_run(tmp_path: Path) -> None
     assert [p["k"] for p in rows[(43, "native")]["projection"]] == [1, 1]  # plain decoding only, without a draft cost
     programs = data["commands"]["programs"]["verify"]
     assert any("pin-bin/llama-bench" in c and "-d 512" in c for c in programs["pin@a100"])
-    assert "gpu-multitoken" in data["commands"]["stages"]["verify"] and "draft" not in data["commands"]["stages"]
+    assert "lab.runs.gpu_multitoken" in data["commands"]["stages"]["verify"] and "draft" not in data["commands"]["stages"]
     assert "| a100 | patched |" in result.stdout  # the report stage prints the rendered section
 
 

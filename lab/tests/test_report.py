@@ -1,4 +1,4 @@
-"""lab/benchmarks/report.py: the full benchmark report (lab/notes/benchmarks.md) from GPU-shaped results."""
+"""python -m lab.benchmarks.report: the full benchmark report (lab/notes/benchmarks.md) from GPU-shaped results."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from pathlib import Path
 
 
 def test_report_renders_the_serving_sections_of_a_gpu_run(tmp_path: Path) -> None:
-    """lab/benchmarks/report.py on a GPU-shaped results file (this machine's measured CPU figures, relabelled):
+    """python -m lab.benchmarks.report on a GPU-shaped results file (this machine's measured CPU figures, relabelled):
     the goal verdict, acceptance near 0 said plainly, the projection labelled with its formula, a skipped phase."""
-    import subprocess
-    import sys
+    from lab.tests import fakes
 
     repo = Path(__file__).resolve().parents[2]
     data = json.loads((repo / "lab" / "benchmarks" / "results" / "cpu-serving-bench.json").read_text())
@@ -21,8 +20,8 @@ def test_report_renders_the_serving_sections_of_a_gpu_run(tmp_path: Path) -> Non
     (tmp_path / "gpu-serving-bench.json").write_text(json.dumps(data))
     out, perf = tmp_path / "benchmarks.md", tmp_path / "performance.md"
     perf.write_text("<!-- perf-table -->\n<!-- /perf-table -->\n")
-    result = subprocess.run([sys.executable, str(repo / "lab" / "benchmarks" / "report.py"), "--results", str(tmp_path), "--write", str(out), "--performance", str(perf)],
-                            capture_output=True, text=True, timeout=120)
+    result = fakes.program("lab.benchmarks.report", "--results", str(tmp_path), "--write", str(out), "--performance", str(perf),
+                           timeout=120)
     assert result.returncode == 0, result.stderr
     text = out.read_text()
     assert "### GPU: tiny-deepseek4.gguf" in text and "2x NVIDIA H200" not in text and "1x NVIDIA H200" in text
@@ -33,6 +32,6 @@ def test_report_renders_the_serving_sections_of_a_gpu_run(tmp_path: Path) -> Non
     del data["phases"]["speculative"]["run"]
     data["phases"]["speculative"]["skipped"] = "this package has no deepseek-v4-flash-dspark preset yet"
     (tmp_path / "gpu-serving-bench.json").write_text(json.dumps(data))
-    subprocess.run([sys.executable, str(repo / "lab" / "benchmarks" / "report.py"), "--results", str(tmp_path), "--write", str(out), "--performance", str(perf)],
-                   check=True, timeout=120)
+    fakes.program("lab.benchmarks.report", "--results", str(tmp_path), "--write", str(out), "--performance", str(perf),
+                  timeout=120).check_returncode()
     assert "**Draft run**: not measured: this package has no deepseek-v4-flash-dspark preset yet" in out.read_text()
