@@ -31,6 +31,8 @@ import re
 import sys
 from pathlib import Path
 
+from lab.bench.native_view import use_installed_build
+
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "lab" / "results"
 README = REPO / "README.md"
@@ -277,6 +279,7 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder of gpu-check*.json files")
     parser.add_argument("--print", action="store_true", help="print the full table instead of writing the documents")
     args = parser.parse_args()
+    use_installed_build()  # the checkout's package (python -m from the root) on the installed build: its architectures
     full = table(args.results)
     if args.print:
         print(full, end="")
