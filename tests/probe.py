@@ -2,7 +2,7 @@
 
 Each section is a function that runs real `pyllm` commands, real llama-server processes, a real
 loopback hub (tests/hub.py) and real HTTP clients, and returns rows (plain dicts) that
-lab/scripts/reliability renders into docs/reliability.md. tests/test_reliability.py runs the same
+python -m lab.tools.reliability renders into docs/reliability.md. tests/test_reliability.py runs the same
 functions with smaller sizes (the fast part CI runs) and asserts on the rows.
 
 Nothing here imitates our own code: what is measured is what a user's shell would see.

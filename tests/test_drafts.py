@@ -2,7 +2,7 @@
 
 The drafts have random weights, so llama-server accepts almost none of their tokens:
 these tests show the draft is loaded and used (``draft_n`` > 0) and that the target's
-verification keeps the output exact, not a speed-up (lab/scripts/gpu-check --only drafts
+verification keeps the output exact, not a speed-up (python -m lab.runs.gpu_check --only drafts
 measures that on the GPU).
 """
 

@@ -36,7 +36,7 @@ def test_one_step_is_what_two_tokens_ran_beyond_one() -> None:
 
 
 def test_forward_difference_keeps_each_launch_shape_apart() -> None:
-    """lab/scripts/gpu-decode's ncu stage: the second run's extra forward, by kernel name and by launch shape."""
+    """lab.runs.gpu_decode's ncu stage: the second run's extra forward, by kernel name and by launch shape."""
     one = HEADER + row(1, Q8, "2000") + row(2, MOE, "40000")
     two = one + row(3, Q8, "2500") + row(4, Q8, "1000", grid="(16, 1, 1)") + row(5, MOE, "30000")
     tables = [{kind: {k: list(v) for k, v in kernel_table(t, by_launch=kind == "launch").items()} for kind in ("name", "launch")}

@@ -386,7 +386,7 @@ def test_no_import_cycle_between_package_modules() -> None:
 
 
 def test_reliability_md_is_the_rendered_one() -> None:
-    result = subprocess.run([sys.executable, str(REPO / "lab" / "scripts" / "reliability"), "render", "--check"],
+    result = subprocess.run([sys.executable, "-m", "lab.tools.reliability", "render", "--check"], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr + result.stdout
     text = (REPO / "docs" / "reliability.md").read_text()

@@ -280,18 +280,14 @@ def test_cut_model_keeps_the_full_models_layers_and_same_layout_presets_differ(t
 
 
 def _activation_probe():
-    import importlib.machinery
-    import importlib.util
+    from lab.runs import activation_rms
 
-    loader = importlib.machinery.SourceFileLoader("activation_rms", str(Path(__file__).resolve().parents[1] / "lab" / "scripts" / "activation-rms"))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
-    return module
+    return activation_rms
 
 
 @pytest.mark.parametrize("preset", TINY_PRESETS)
 def test_activations_stay_in_the_range_of_a_trained_model(preset: str, tiny_models: dict[str, Path], tmp_path: Path) -> None:
-    """The real llama.cpp on the CPU, read through an eval callback (lab/scripts/activation-rms): a residual stream
+    """The real llama.cpp on the CPU, read through an eval callback (lab/runs/activation_rms.py): a residual stream
     near unit RMS that each layer changes by a fraction, K rows at unit RMS, logits spread like a trained
     model's, routers that are not tied."""
     import numpy as np
