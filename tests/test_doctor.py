@@ -10,7 +10,7 @@ from probe import unknown_arch_model
 
 
 def test_doctor_reports_build_and_model_with_llama_cpps_estimate(tiny_models: dict[str, Path]) -> None:
-    result = run_pyllm("doctor", str(tiny_models["tiny-deepseek4"]), "--ctx-size", "2048", "--json")
+    result = run_pyllm("doctor", str(tiny_models["tiny-deepseek4"]), "--ctx-per-slot", "2048", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["build"]["llama_cpp_commit"] == "0c1e57098" and report["build"]["cuda"] is False
@@ -31,7 +31,7 @@ def test_the_suggested_command_survives_a_path_with_spaces_and_quotes(tiny_model
     odd = tmp_path / "my models" / "it's v4 $x.gguf"
     odd.parent.mkdir()
     shutil.copyfile(tiny_models["tiny-deepseek4"], odd)  # a copy: doctor names a symlink by its target
-    result = run_pyllm("doctor", str(odd), "--ctx-size", "2048", "--json")
+    result = run_pyllm("doctor", str(odd), "--ctx-per-slot", "2048", "--json")
     assert result.returncode == 0, result.stderr
     words = shlex.split(json.loads(result.stdout)["suggestion"])
     assert words[:3] == ["pyllm", "serve", str(odd)] and words[3:] == ["--ctx-size", "2048"], words

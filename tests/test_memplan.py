@@ -25,7 +25,7 @@ def plan_json(*args: str, env: dict | None = None) -> dict:
 
 
 def test_glm5_preset_plan_on_eight_a100s_at_131072_tokens_times_4_slots() -> None:
-    plan = plan_json("glm-5", "--gpus", "8x80", "--ctx-size", "131072", "--parallel", "4")
+    plan = plan_json("glm-5", "--gpus", "8x80", "--ctx-per-slot", "131072", "--parallel", "4")
     from pyllm_a100.synth import WEIGHT_TYPES
 
     rows = {r["label"]: r for r in plan["rows"]}
@@ -40,12 +40,12 @@ def test_glm5_preset_plan_on_eight_a100s_at_131072_tokens_times_4_slots() -> Non
     assert rows["ud-q8-k-xl"]["serve"] == "pyllm serve glm-5-ud-q8-k-xl.gguf --tensor-split 1x8 --ctx-size 524288 --parallel 4"
     assert rows["q8_0"]["serve"] is None and "GPUs of 80 GiB" in rows["q8_0"]["note"]
     assert any("NVFP4" in f["text"] for f in plan["findings"])
-    text = run_pyllm("doctor", "glm-5", "--gpus", "8x80", "--ctx-size", "131072", "--parallel", "4")
+    text = run_pyllm("doctor", "glm-5", "--gpus", "8x80", "--ctx-per-slot", "131072", "--parallel", "4")
     assert text.returncode == 0 and "ud-q8-k-xl" in text.stdout and "--ctx-size 524288 --parallel 4" in text.stdout
 
 
 def test_deepseek_v4_flash_plan_counts_its_compressed_caches() -> None:
-    plan = plan_json("deepseek-v4-flash", "--gpus", "8x80", "--ctx-size", "131072", "--parallel", "4")
+    plan = plan_json("deepseek-v4-flash", "--gpus", "8x80", "--ctx-per-slot", "131072", "--parallel", "4")
     rows = {r["label"]: r for r in plan["rows"]}
     assert "nvfp4-mix" not in rows, "deepseek4's graph ignores NVFP4 scales: no such row"
     ud = rows["ud-q8-k-xl"]
@@ -66,13 +66,13 @@ def test_a_too_big_rows_note_gives_the_weights_columns_number() -> None:
 
 
 def test_a_model_that_does_not_fit_at_the_context_gets_a_smaller_one() -> None:
-    plan = plan_json("glm-5", "--gpus", "8x80", "--ctx-size", "202752", "--parallel", "16")
+    plan = plan_json("glm-5", "--gpus", "8x80", "--ctx-per-slot", "202752", "--parallel", "16")
     ud = {r["label"]: r for r in plan["rows"]}["ud-q8-k-xl"]
     assert not ud["fits"] and ud["serve"] and "tokens per slot, not 202752" in ud["note"]
 
 
 def test_more_than_the_trained_context_and_gpus_too_small_for_anything_are_said() -> None:
-    over = run_pyllm("doctor", "glm-5", "--gpus", "8x80", "--ctx-size", "1048576")
+    over = run_pyllm("doctor", "glm-5", "--gpus", "8x80", "--ctx-per-slot", "1048576")
     assert over.returncode == 1 and over.stderr.count("\n") == 1 and "trained context (202752" in over.stderr
     tiny = {r["label"]: r for r in plan_json("tiny-glm-dsa", "--gpus", "2x1")["rows"]}["f16"]
     assert not tiny["fits"] and "a 1 GiB GPU holds nothing" in tiny["note"]
@@ -88,7 +88,7 @@ def test_bad_gpus_values_are_one_line_errors(bad: str) -> None:
 
 def test_plan_arguments_are_checked() -> None:
     assert "at least 1" in run_pyllm("doctor", "glm-5", "--gpus", "8x80", "--parallel", "0").stderr
-    assert "positive" in run_pyllm("doctor", "glm-5", "--gpus", "8x80", "--ctx-size", "-5").stderr
+    assert "positive" in run_pyllm("doctor", "glm-5", "--gpus", "8x80", "--ctx-per-slot", "-5").stderr
     for missing in ("./nofile.gguf", "dir/nofile.gguf", "/abs/nofile.gguf"):
         gone = run_pyllm("doctor", missing, "--gpus", "8x80")
         assert gone.returncode == 1 and "does not exist" in gone.stderr and "Traceback" not in gone.stderr, gone.stderr
@@ -108,7 +108,7 @@ def test_local_file_estimate_within_10_percent_of_llama_servers_buffers(tiny_mod
         assert abs(cpu["error_pct"]["buffers"]) <= 10.0, cpu
         assert result["worst_error_pct"] <= 10.0
     # doctor shows llama-fit-params' own figure beside ours for a file
-    plan = plan_json(str(tiny_models["tiny-glm-dsa"]), "--gpus", "1x8", "--ctx-size", "2048", "--parallel", "4")
+    plan = plan_json(str(tiny_models["tiny-glm-dsa"]), "--gpus", "1x8", "--ctx-per-slot", "2048", "--parallel", "4")
     (row,) = plan["rows"]
     assert plan["source"] == "file" and row["llama_fit_mib"]["Host"]["context"] == round(row["kv_bytes"] / 2**20)
 
@@ -138,7 +138,7 @@ def test_hub_repo_is_planned_from_its_listing_and_a_range_read_header(tmp_path: 
         hub.add_repo("test/tiny-glm-GGUF", files)
         env = dict(os.environ, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_XET="1",
                    HF_HUB_DISABLE_TELEMETRY="1", PYLLM_HOME=str(pyllm_home))
-        plan = plan_json("test/tiny-glm-GGUF", "--gpus", "2x4", "--ctx-size", "4096", "--parallel", "2", env=env)
+        plan = plan_json("test/tiny-glm-GGUF", "--gpus", "2x4", "--ctx-per-slot", "4096", "--parallel", "2", env=env)
         rows = {r["label"]: r for r in plan["rows"]}
         assert set(rows) == {"Q8_0", "UD-Q8_K_XL"} and plan["source"] == "hub"
         for folder, r in rows.items():
