@@ -242,6 +242,28 @@ def test_patches_apply_in_order_to_the_pinned_source(pip_uses: Path, tmp_path: P
     assert [p["name"] for p in marker["patches"]] == ["0001-mark.patch", "0002-src-a-new-file.patch"]
 
 
+def test_a_new_patch_set_keeps_the_times_of_the_files_it_does_not_change(pip_uses: Path, tmp_path: Path) -> None:
+    """vendor/llama.cpp is re-extracted when the patches change: files the change does not touch keep their old
+    modification times, so the next build recompiles only the patched files (not the whole tree)."""
+    import os
+
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    vendor = tmp_path / "vendor"
+    pin = _pin(_sha(pip_uses))
+    tree = llama_source.resolve(None, pin=pin, vendor_dir=vendor, work_dir=tmp_path / "work", patch_dir=patches).tree
+    old = 1_000_000_000
+    for path in tree.rglob("*"):
+        if path.is_file():
+            os.utime(path, (old, old))
+    (patches / "0001-mark.patch").write_text(PATCH)
+    again = llama_source.resolve(None, pin=pin, vendor_dir=vendor, work_dir=tmp_path / "work", patch_dir=patches).tree
+    assert again == tree and "patched by pyllm-a100" in (tree / "include" / "llama.h").read_text()
+    assert (tree / "include" / "llama.h").stat().st_mtime > old, "the patched file is new to the build"
+    kept = [p for p in tree.rglob("*") if p.is_file() and p.name != "llama.h" and p.name != llama_source.MARKER]
+    assert kept and all(p.stat().st_mtime == old for p in kept), "untouched files keep their times"
+
+
 def test_a_patch_that_does_not_apply_leaves_nothing(pip_uses: Path, tmp_path: Path) -> None:
     patches = tmp_path / "patches"
     patches.mkdir()

@@ -243,6 +243,7 @@ def extract_tree(archive: Path, dest: Path, *, patches: list[Patch], marker: dic
         marker = dict(marker, patches=[p.describe() for p in patches])
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         tmp.chmod(0o755)
+        _keep_times_of_unchanged(tmp, dest)
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
@@ -252,6 +253,23 @@ def extract_tree(archive: Path, dest: Path, *, patches: list[Patch], marker: dic
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _keep_times_of_unchanged(new: Path, old: Path) -> None:
+    """Files of ``new`` identical to those of ``old`` (the tree it replaces) take their modification times, so the
+    build after a change of the patches recompiles what the change touched, not the whole tree."""
+    if not old.is_dir():
+        return
+    for path in new.rglob("*"):
+        if path.is_symlink() or not path.is_file():
+            continue
+        before = old / path.relative_to(new)
+        try:
+            was = before.stat()
+            if was.st_size == path.stat().st_size and before.read_bytes() == path.read_bytes():
+                os.utime(path, ns=(was.st_atime_ns, was.st_mtime_ns))
+        except OSError:
+            continue
 
 
 # The web UI's sources (SvelteKit) and where its built assets go: llama.cpp's scripts/ui-assets.cmake
