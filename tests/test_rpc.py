@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -135,3 +139,109 @@ def test_detached_worker_in_ps_doctor_and_stop(pyllm_home: Path) -> None:
     pid = listed[0]["server_pid"]
     assert run_pyllm("stop", "w1", check=True).stdout.strip() == "stopped w1"
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+# --- the RPC client itself (libggml-rpc): patch 0043 ----------------------------------------------------------------
+
+
+def _list_devices(endpoints: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`llama-server --rpc ... --list-devices`: --rpc registers the workers while the arguments are parsed (connect,
+    HELLO, DEVICE_COUNT), then each is asked for its memory."""
+    from pyllm_a100.llamacpp.native import binary
+
+    return subprocess.run([str(binary("llama-server")), "--rpc", ",".join(endpoints), "--list-devices"],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def _said(result: subprocess.CompletedProcess) -> str:
+    rc = result.returncode
+    return f"rc={rc}{f' ({signal.Signals(-rc).name})' if rc < 0 else ''}: {(result.stdout + result.stderr)[-400:]!r}"
+
+
+# A library that, like every library using <future>, exports call_once's trampoline, linked the way the GPU machine's
+# toolchain links this package's libraries (libstdc++ inside, kept private by -Wl,--exclude-libs,ALL): preloaded,
+# its trampoline is the one the whole process binds to, and it reads its own once-state.
+PRIVATE_LIBSTDCXX = r"""
+#include <future>
+extern "C" int private_libstdcxx(void) {
+    std::promise<void> p;
+    auto f = p.get_future();
+    p.set_value();
+    f.wait();
+    return 1;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def private_libstdcxx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cxx = shutil.which(os.environ.get("CXX", "c++"))
+    if not cxx:
+        pytest.skip("no C++ compiler to build the library that recreates the GPU toolchain's link")
+    out = tmp_path_factory.mktemp("private-libstdcxx")
+    (out / "shim.cpp").write_text(PRIVATE_LIBSTDCXX)
+    lib = out / "libprivate_libstdcxx.so"
+    built = subprocess.run([cxx, "-std=c++17", "-O1", "-fPIC", "-shared", "-static-libstdc++", "-Wl,--exclude-libs,ALL",
+                            "-o", str(lib), str(out / "shim.cpp"), "-pthread"], capture_output=True, text=True)
+    if built.returncode != 0:
+        pytest.skip(f"no static libstdc++ to link with: {built.stderr.strip()[-200:]}")
+    return lib
+
+
+def test_llama_server_lists_every_workers_devices_run_after_run(workers) -> None:
+    endpoints = [str(w.config.endpoint) for w in workers(4)]
+    for _ in range(5):
+        result = _list_devices(endpoints)
+        assert result.returncode == 0, _said(result)
+        assert all(f": {endpoint} (" in result.stdout for endpoint in endpoints), _said(result)
+
+
+def test_rpc_starts_where_libstdcxx_is_private_to_each_library(workers, private_libstdcxx: Path) -> None:
+    """The CUDA build's crash (issue 56: SIGSEGV in rpc_dispatcher::work -> std::call_once before a line is printed),
+    recreated on this build: the pin's dispatcher completed each command with std::promise, so its worker thread ran
+    call_once through the first library's trampoline and read that library's private once-state (null). 0043's
+    dispatcher uses no call_once."""
+    env = dict(os.environ, LD_PRELOAD=str(private_libstdcxx))
+    endpoints = [str(w.config.endpoint) for w in workers(2)]
+    for _ in range(3):
+        result = _list_devices(endpoints, env=env)
+        assert result.returncode == 0, _said(result)
+        assert all(f": {endpoint} (" in result.stdout for endpoint in endpoints), _said(result)
+
+
+EVENTS = textwrap.dedent("""
+    import ctypes, sys
+    lib_dir, endpoint, n = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
+    base = ctypes.CDLL(lib_dir + "/libggml-base.so", mode=ctypes.RTLD_GLOBAL)
+    rpc = ctypes.CDLL(lib_dir + "/libggml-rpc.so", mode=ctypes.RTLD_GLOBAL)
+    vp = ctypes.c_void_p
+    rpc.ggml_backend_rpc_add_server.restype = vp
+    rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+    base.ggml_backend_reg_dev_get.restype = vp
+    base.ggml_backend_reg_dev_get.argtypes = [vp, ctypes.c_size_t]
+    base.ggml_backend_event_new.restype = vp
+    base.ggml_backend_event_new.argtypes = [vp]
+    base.ggml_backend_event_synchronize.argtypes = [vp]
+    base.ggml_backend_event_free.argtypes = [vp]
+    dev = base.ggml_backend_reg_dev_get(rpc.ggml_backend_rpc_add_server(endpoint), 0)
+    for i in range(n):
+        event = base.ggml_backend_event_new(dev)
+        base.ggml_backend_event_synchronize(event)
+        base.ggml_backend_event_free(event)
+        print(i, flush=True)
+""")
+
+
+def test_a_device_event_completes_when_no_backend_holds_the_connection(workers) -> None:
+    """An event on an RPC device that no backend or buffer holds: the dispatcher made for the call used to drop the
+    event's marker as it went, and ggml_backend_event_synchronize waited forever (the pin: 30 of 30 runs hung)."""
+    from pyllm_a100.llamacpp.native import native_dir
+
+    (worker,) = workers(1)
+    try:
+        result = subprocess.run([sys.executable, "-c", EVENTS, str(native_dir()), str(worker.config.endpoint), "30"],
+                                capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        done = (exc.stdout or b"").split()
+        pytest.fail(f"ggml_backend_event_synchronize hung after {len(done)} of 30 events")
+    assert result.returncode == 0 and result.stdout.split()[-1] == "29", _said(result)
