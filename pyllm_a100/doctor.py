@@ -162,14 +162,27 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
     return report, findings, suggestion
 
 
+# The families this package serves, by GGUF architecture: what doctor says tensor split allows among them.
+SERVED_ARCHITECTURES = ("deepseek4", "glm-dsa", "deepseek32", "llama")
+# Where llama.cpp allows tensor split and upstream reports it breaking (upstream issue, what users see).
+TENSOR_SPLIT_UPSTREAM = {"deepseek4": "upstream reports a segfault with -sm tensor on DeepSeek-V4-Flash (ggml-org/llama.cpp#28826)"}
+
+
 def _tensor_split_finding(arch: str, info: dict[str, Any]) -> Finding:
-    """Whether --split-mode tensor is open to this architecture (the pin's own list) and whether NCCL is in."""
+    """Whether --split-mode tensor is open to this architecture (the pin's own list), which of the served families the
+    pin allows, whether NCCL is in, and what upstream reports against it."""
     refused = info.get("sm_tensor_unsupported")
+    allowed = ""
+    if refused is not None:
+        served = [a for a in SERVED_ARCHITECTURES if a not in refused]
+        allowed = f" (this llama.cpp allows it for {', '.join(served) or 'none'} of the served families)"
     if refused is not None and arch in refused:
-        return Finding("ok", f"--split-mode tensor: not implemented for {arch} in this llama.cpp; layer split (the default) is used")
+        return Finding("ok", f"--split-mode tensor: not implemented for {arch} in this llama.cpp{allowed}; layer split "
+                             "(the default) is used")
     nccl = ("with NCCL" if info.get("nccl") else "without NCCL (a slower all-reduce)") if info.get("cuda") else "needs a CUDA build"
-    return Finding("ok", f"--split-mode tensor: available for {arch} ({nccl}); it needs flash attention and an f16/bf16/f32 KV "
-                         "cache, which pyllm serve checks; layer split stays the default")
+    known = f"; {TENSOR_SPLIT_UPSTREAM[arch]}" if arch in TENSOR_SPLIT_UPSTREAM else ""
+    return Finding("ok", f"--split-mode tensor: available for {arch} ({nccl}){allowed}; it needs flash attention and an "
+                         f"f16/bf16/f32 KV cache, which pyllm serve checks; layer split stays the default{known}")
 
 
 def _capacity_finding(report: dict[str, Any], files: Any, gpus: list[GPU]) -> Finding:

@@ -141,6 +141,43 @@ def test_detached_worker_in_ps_doctor_and_stop(pyllm_home: Path) -> None:
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+def test_tensor_split_counts_local_devices_and_workers_together_and_names_them(workers, tiny_deepseek4: Path) -> None:
+    a, b = workers(2)
+    rpc = f"{a.config.endpoint},{b.config.endpoint}"
+    result = run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--rpc", rpc, "--tensor-split", "1x3", timeout=120)
+    assert result.returncode != 0 and result.stderr.count("\n") == 1, result.stderr
+    assert "has 3 parts but llama.cpp sees 2 device(s), local GPUs and --rpc workers together" in result.stderr
+    assert f"RPC0 (worker {a.config.endpoint}), RPC1 (worker {b.config.endpoint})" in result.stderr and "use 1x2" in result.stderr
+
+
+def test_the_plan_spans_the_workers_and_ps_shows_each_devices_layers(workers, tiny_deepseek4: Path, pyllm_home: Path) -> None:
+    a, b = workers(2)
+    rpc = f"{a.config.endpoint},{b.config.endpoint}"
+    before = [psutil.Process(w.pid).memory_info().rss for w in (a, b)]
+    started = run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--rpc", rpc, "--tensor-split", "1x2", "--detach",
+                        "--name", "spread", timeout=300)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert "plan: 16 slots" in started.stderr, "the KV pool is planned from the workers' own memory"
+        (entry,) = json.loads(run_pyllm("ps", "--json", check=True).stdout)
+        devices = entry["devices"]
+        assert [d["name"] for d in devices] == ["RPC0", "RPC1"]
+        assert [d["description"] for d in devices] == [str(a.config.endpoint), str(b.config.endpoint)]
+        from pyllm_a100.models.gguf_files import resolve_model
+        from pyllm_a100.models.memplan import layer_devices
+
+        n_layer = int(resolve_model(tiny_deepseek4).metadata["deepseek4.block_count"])
+        where = layer_devices(n_layer, 2)[:-1]
+        assert [d["layers"] for d in devices] == [where.count(0), where.count(1)] and all(d["layers"] for d in devices)
+        text = run_pyllm("ps", check=True).stdout
+        assert f"RPC1 {b.config.endpoint}: {where.count(1)} layers" in text, text
+        model = tiny_deepseek4.stat().st_size
+        grown = [psutil.Process(w.pid).memory_info().rss - rss for w, rss in zip((a, b), before)]
+        assert all(g > model / 8 for g in grown), f"each worker holds its layers: grew {grown} of {model}"
+    finally:
+        run_pyllm("stop", "spread")
+
+
 # --- the RPC client itself (libggml-rpc): patch 0043 ----------------------------------------------------------------
 
 

@@ -254,6 +254,12 @@ def ps_cmd(
             print(f"  service: {d['service']} (pyllm service status {e.name})")
         if isinstance(d.get("plan"), dict):
             print(f"  plan: {d['plan'].get('summary')}")
+        for dev in d.get("devices") or []:
+            where = f" {dev['description']}" if dev["name"].startswith("RPC") else ""
+            held = (f": {dev['layers']} layers, {dev['weights_bytes'] / 2**30:.2f} GiB weights + "
+                    f"{dev['kv_bytes'] / 2**30:.2f} GiB KV planned" if "layers" in dev else "")
+            print(f"  {dev['name']}{where}{held} ({dev['free_mib'] / 1024:.1f} of {dev['total_mib'] / 1024:.1f} GiB free "
+                  "at start)")
         if loads[e.name] and loads[e.name].get("kv_pool"):
             load = loads[e.name]
             print(f"  KV: {load.get('kv_reserved', 0):,} of {load['kv_pool']:,} tokens reserved, {load.get('waiting', 0)} request(s) waiting")

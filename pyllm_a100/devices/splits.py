@@ -34,10 +34,19 @@ def parse_tensor_split(text: str | list[float] | tuple[float, ...]) -> list[floa
     return parts
 
 
-def check_against_devices(parts: list[float], n_devices: int, *, text: str = "", gpus: list[int] | None = None) -> None:
+def check_against_devices(parts: list[float], n_devices: int, *, text: str = "", gpus: list[int] | None = None,
+                          found: list[str] | None = None) -> None:
     """More parts than visible devices is a mistake llama.cpp would silently ignore. ``gpus``: the ones
-    --gpus chose (nvidia-smi numbers), counted instead of every visible GPU."""
+    --gpus chose (nvidia-smi numbers), counted instead of every visible GPU. ``found``: with --rpc, every device
+    llama.cpp lists (local GPUs and the workers' devices, described), which the message names."""
     shown = text or ",".join(f"{p:g}" for p in parts)
+    if found is not None:
+        if len(parts) > len(found):
+            seen = ", ".join(found) if found else "none"
+            raise TensorSplitError(
+                f"--tensor-split {shown} has {len(parts)} parts but llama.cpp sees {len(found)} device(s), local GPUs "
+                f"and --rpc workers together: {seen}: use 1x{len(found)}, or start more workers (pyllm rpc-worker)")
+        return
     if gpus is not None and len(parts) > n_devices:
         from .gpus import format_gpu_list
 

@@ -30,7 +30,8 @@ from .rpc import Device, Endpoint
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CTX = 16384  # the pool when no memory plan is made (RPC workers hold layers: their memory is not planned)
+DEFAULT_CTX = 16384  # the pool when no memory plan is made (the weights alone do not fit: llama.cpp's --fit decides)
+MIB = 2**20
 SPLIT_MODES = ("layer", "tensor", "none")
 ALL_LAYERS = 999  # llama.cpp's "every layer" for --n-gpu-layers
 # Request slots when --parallel is not given (models/capacity.py plans the KV pool for them). 16, measured on two
@@ -49,7 +50,7 @@ class ServerConfig:
     n_gpu_layers: int | None = None  # None: llama.cpp's own (CPU); ALL_LAYERS when GPUs or RPC devices hold them
     tensor_split: list[float] | None = None
     rpc: list[Endpoint] = dataclasses.field(default_factory=list)
-    devices: list[Device] = dataclasses.field(default_factory=list)  # with --rpc: llama.cpp's devices, in its order
+    devices: list[Device] = dataclasses.field(default_factory=list)  # llama.cpp's devices in its order: local GPUs, workers
     gpus: list[int] | None = None  # --gpus: nvidia-smi numbers; the child sees only these (child_env)
     gpus_used: list[int] = dataclasses.field(default_factory=list)  # nvidia-smi numbers of the GPUs it may use
     draft: Any = None  # drafts.Draft: speculative decoding (--spec-draft-model, --spec-type, --spec-draft-n-max)
@@ -174,6 +175,19 @@ class ServerConfig:
         elif DEFAULT_PARALLEL is not None and "slots" not in given:
             argv += ["--parallel", str(DEFAULT_PARALLEL)] + ([] if given else ["--kv-unified"])
         return argv
+
+    def device_plan(self) -> list[dict[str, Any]]:
+        """Each device llama.cpp will use with the layers, weights and KV the plan gives it (`pyllm ps`)."""
+        out = [dataclasses.asdict(d) for d in self.devices]
+        if not out or self.capacity is None or not self.n_gpu_layers or self.n_gpu_layers < ALL_LAYERS:
+            return out
+        from ..models.memplan import local_shape, per_device
+
+        per, streams = self.capacity.streams
+        plans = per_device(local_shape(self.model), len(out), per, streams, split=self.tensor_split)
+        for entry, plan in zip(out, plans):
+            entry.update(layers=plan.layers, weights_bytes=plan.weights, kv_bytes=plan.kv)
+        return out
 
     # -- what a detached supervisor runs: this object, not the request resolved a second time
 
@@ -314,12 +328,17 @@ def make_config(options: ServeOptions, *, require_api_key: bool = True) -> Serve
     devices: list[Device] = []
     if endpoints:
         devices = _list_devices(endpoints, selected)
+    elif usable:
+        devices = [Device(f"CUDA{i}", g.name, g.memory_total // MIB, g.memory_free // MIB) for i, g in enumerate(visible)]
     if (options.split_mode or tensor_mode.flag_value(options.extra_args, tensor_mode.SPLIT_MODE)) == "tensor":
         tensor_mode.check(files.architecture, options.extra_args, usable + len(endpoints))
     parts = parse_tensor_split(options.tensor_split) if options.tensor_split is not None else None
     if parts is not None:
-        n_devices = len(devices) if endpoints else len(visible)
-        check_against_devices(parts, n_devices, text=str(options.tensor_split), gpus=selected)
+        if endpoints:  # local GPUs and the workers' devices together, as llama.cpp counts them
+            check_against_devices(parts, len(devices), text=str(options.tensor_split), gpus=selected,
+                                  found=[_device_label(d, visible) for d in devices])
+        else:
+            check_against_devices(parts, len(visible), text=str(options.tensor_split), gpus=selected)
     refused = bind_refusal(options.host, port)  # last: a busy port never hides a mistake found above
     if refused:
         in_use, reason = refused
@@ -330,9 +349,15 @@ def make_config(options: ServeOptions, *, require_api_key: bool = True) -> Serve
     if n_gpu_layers is None:
         n_gpu_layers = ALL_LAYERS if endpoints or usable else None  # all layers on the GPUs (remote devices hold layers too)
     gpus_used = list(selected) if selected is not None else [g.physical_index for g in visible] if n_gpu_layers and usable else []
-    planned = not endpoints and options.kv_unified is None and not options.sized_after_dashes
-    capacity = plan_capacity(files, options, visible if usable else [], n_gpu_layers=n_gpu_layers, split=parts) \
-        if planned else None
+    capacity = None
+    if options.kv_unified is None and not options.sized_after_dashes:
+        if not endpoints:
+            capacity = plan_capacity(files, options, _local_budget(files, options, visible if usable else [], n_gpu_layers),
+                                     split=parts)
+        elif n_gpu_layers >= ALL_LAYERS:  # every device reports its own memory: local GPUs and workers' alike
+            capacity = plan_capacity(files, options, Budget.gpus([d.total_mib * MIB for d in devices],
+                                                                 [(d.total_mib - d.free_mib) * MIB for d in devices]),
+                                     split=parts)
     return ServerConfig(options=options, model=files, port=port, n_gpu_layers=n_gpu_layers, tensor_split=parts,
                         rpc=endpoints, devices=devices, gpus=selected, gpus_used=gpus_used, draft=draft, capacity=capacity,
                         api_key_file=Path(options.api_key_file) if options.api_key_file else None)
@@ -354,25 +379,38 @@ def _list_devices(endpoints: list[Endpoint], selected: list[int] | None) -> list
     return list_devices(endpoints, env=child_env(selected) if selected is not None else None)
 
 
-def plan_capacity(files: ModelFiles, options: ServeOptions, gpus: Sequence[Any], *, n_gpu_layers: int | None,
-                  split: list[float] | None) -> Capacity | None:
-    """The KV pool and slots for this model on this machine (models/capacity.py): the GPUs' memory when every layer
-    is offloaded to them, else RAM. A --ctx-size or --parallel that cannot fit is refused, naming the largest pool
-    that does; when not even the default plan fits (the weights alone), None: llama.cpp's --fit decides, as before."""
+def _device_label(device: Device, visible: Sequence[Any]) -> str:
+    """``CUDA0 (GPU 2)`` for a local GPU by nvidia-smi's number, ``RPC1 (worker 10.0.0.2:50052)`` for a worker's."""
+    if device.name.startswith("RPC"):
+        return f"{device.name} (worker {device.description})"
+    index = device.name.removeprefix("CUDA")
+    if index.isdigit() and int(index) < len(visible):
+        return f"{device.name} (GPU {visible[int(index)].physical_index})"
+    return device.name
+
+
+def _local_budget(files: ModelFiles, options: ServeOptions, gpus: Sequence[Any], n_gpu_layers: int | None) -> Budget:
+    """This machine's memory for the KV pool: the GPUs' when every layer is offloaded to them, else RAM."""
+    from ..models.memplan import local_shape
+
+    shape = local_shape(files)
+    if gpus and n_gpu_layers is not None and n_gpu_layers >= shape.n_layer + 1:
+        return Budget.gpus([g.memory_total for g in gpus], [g.memory_total - g.memory_free for g in gpus])
+    import psutil
+
+    # the default pool takes a share of RAM; a pool the user asks for only has to fit what is available
+    return Budget.cpu(psutil.virtual_memory().available, whole=options.ctx_size is not None)
+
+
+def plan_capacity(files: ModelFiles, options: ServeOptions, budget: Budget, *, split: list[float] | None) -> Capacity | None:
+    """The KV pool and slots for this model within ``budget`` (models/capacity.py). A --ctx-size or --parallel that
+    cannot fit is refused, naming the largest pool that does; when not even the default plan fits (the weights
+    alone), None: llama.cpp's --fit decides, as before."""
     from ..models import capacity
     from ..models.memplan import local_shape
 
     ctx_size, parallel = options.ctx_size, options.parallel
-    shape = local_shape(files)
-    budget = None
-    if gpus and n_gpu_layers is not None and n_gpu_layers >= shape.n_layer + 1:
-        budget = Budget.gpus([g.memory_total for g in gpus], [g.memory_total - g.memory_free for g in gpus])
-    if budget is None:
-        import psutil
-
-        # the default pool takes a share of RAM; a pool the user asks for only has to fit what is available
-        budget = Budget.cpu(psutil.virtual_memory().available, whole=ctx_size is not None)
-    plan = capacity.plan(shape, budget, slots=parallel, pool=ctx_size, split=split)
+    plan = capacity.plan(local_shape(files), budget, slots=parallel, pool=ctx_size, split=split)
     if plan.fits:
         log.info("capacity plan: %s", plan.summary())
         return plan

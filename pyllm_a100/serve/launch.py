@@ -87,7 +87,8 @@ class Prepared:
                 "metrics": f"{cfg.public_url}/metrics" if cfg.metrics else None,
                 "service": os.environ.get("PYLLM_SERVICE"),  # the systemd unit running it (pyllm service install)
                 "options": cfg.to_json()["options"],
-                "plan": cfg.capacity.as_dict() if cfg.capacity is not None else None}
+                "plan": cfg.capacity.as_dict() if cfg.capacity is not None else None,
+                "devices": cfg.device_plan()}
 
     def gpus_used(self) -> list[int]:
         """nvidia-smi numbers of the GPUs this server may use: --gpus, else every visible one when it offloads."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -123,6 +124,15 @@ def list_devices(endpoints: list[Endpoint] | None = None, env: dict[str, str] | 
         m = re.match(r"\s+(\w+): (.+) \((\d+) MiB, (\d+) MiB free\)", line)
         if m:
             devices.append(Device(m[1], m[2], int(m[3]), int(m[4])))
+    if out.returncode != 0 or (endpoints and not any(d.name.startswith("RPC") for d in devices)):
+        # llama-server dies listing them (an RPC failure at start): say so, never "no GPU is visible"
+        lines = [line for line in (out.stderr + out.stdout).splitlines() if line.strip() and not line.startswith("#")]
+        code = out.returncode
+        why = (f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}") if code else \
+            "it listed no device of the workers"
+        raise RpcError(f"llama-server could not list the devices with --rpc {','.join(map(str, endpoints or []))} "
+                       f"({why}{': ' + lines[-1].strip() if lines else ''}): check the workers (pyllm ps, pyllm logs "
+                       "NAME) and that they run this same build")
     return devices
 
 
