@@ -77,3 +77,21 @@ def test_capacity_finding_is_the_plan_serve_makes_on_these_gpus(tiny_models) -> 
     full = [GPU(i, i, "NVIDIA A100-SXM4-80GB", f"GPU-{i}", "8.0", 80 * gib, 0, False) for i in range(2)]
     report = {}
     assert _capacity_finding(report, files, full).level == "warn" and not report["plan"]["fits"]
+
+
+def test_the_tensor_split_line_says_which_families_the_pin_allows(tiny_models: dict[str, Path]) -> None:
+    """Read from the build's own list (llm_arch_supports_sm_tensor): the pin splits deepseek4 and llama by tensor,
+    not glm-dsa nor deepseek32; DeepSeek-V4's line cites upstream's open segfault."""
+    from pyllm_a100.llamacpp.native import build_info
+
+    refused = build_info()["sm_tensor_unsupported"]
+    lines = {}
+    for preset in ("tiny-deepseek4", "tiny-glm-dsa"):
+        report = json.loads(run_pyllm("doctor", str(tiny_models[preset]), "--json", check=True).stdout)
+        (lines[preset],) = [f["text"] for f in report["findings"] if f["text"].startswith("--split-mode tensor")]
+    served = [a for a in ("deepseek4", "glm-dsa", "deepseek32", "llama") if a not in refused]
+    assert served == ["deepseek4", "llama"], refused
+    for line in lines.values():
+        assert "this llama.cpp allows it for deepseek4, llama of the served families" in line, line
+    assert "available for deepseek4" in lines["tiny-deepseek4"] and "#28826" in lines["tiny-deepseek4"]
+    assert "not implemented for glm-dsa" in lines["tiny-glm-dsa"]
