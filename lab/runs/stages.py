@@ -61,16 +61,19 @@ def own_argv() -> list[str]:
     return [sys.executable, *sys.argv]
 
 
-def reexec_with_pythonpath(first: str) -> None:
+def reexec_with_pythonpath(first: str, unset: Iterable[str] = ()) -> None:
     """Run this process again with ``first`` and then this checkout leading PYTHONPATH, and the current folder left out
     (PYTHONSAFEPATH), so that what is installed in ``first`` is imported before the checkout's source tree and the
-    interpreter's own packages, in this process and in every child; returns when they already lead."""
+    interpreter's own packages, in this process and in every child; returns when they already lead. ``unset``: variables
+    the new process goes without (PYLLM_NATIVE_DIR pointing at another build)."""
     lead = [first, str(REPO)]
     have = os.environ.get("PYTHONPATH", "")
-    if have.split(os.pathsep)[:2] == lead and os.environ.get("PYTHONSAFEPATH"):
+    gone = [name for name in unset if name in os.environ]
+    if have.split(os.pathsep)[:2] == lead and os.environ.get("PYTHONSAFEPATH") and not gone:
         return
+    env = {k: v for k, v in os.environ.items() if k not in gone}
     argv = own_argv()
-    os.execve(argv[0], argv, dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [*lead, have])), PYTHONSAFEPATH="1"))
+    os.execve(argv[0], argv, dict(env, PYTHONPATH=os.pathsep.join(filter(None, [*lead, have])), PYTHONSAFEPATH="1"))
 
 
 def command(module: str, args: Iterable[str]) -> list[str]:
