@@ -282,3 +282,20 @@ def test_estimate_is_within_ten_percent_of_the_gpu_run() -> None:
     gpus = [d for d in result["devices"] if d["device"].startswith("CUDA")]
     assert len(gpus) == 2 and result["worst_error_pct"] is not None and result["worst_error_pct"] <= 10
     assert all(abs(d["error_pct"]["weights"]) < 0.5 and abs(d["error_pct"]["kv"]) < 0.5 for d in gpus)
+
+
+def test_logged_buffers_keeps_each_rpc_worker_apart() -> None:
+    """llama-server -lv 4 with two CPU rpc-workers (the CPU build, tiny-deepseek4): every worker's device is RPC0 on
+    its own machine, so the buffer's name carries the endpoint."""
+    from pyllm_a100.models.memplan import logged_buffers
+
+    log = """load_tensors:   CPU_Mapped model buffer size =     1.00 MiB
+load_tensors: RPC0[127.0.0.1:50993] model buffer size =    24.65 MiB
+load_tensors: RPC0[127.0.0.1:50994] model buffer size =     8.80 MiB
+llama_kv_cache: RPC0[127.0.0.1:50993] KV buffer size =     0.75 MiB
+llama_kv_cache: RPC0[127.0.0.1:50994] KV buffer size =     0.25 MiB
+llama_kv_cache: RPC0[127.0.0.1:50993] KV buffer size =     0.12 MiB
+"""
+    found = logged_buffers(log)
+    assert found["RPC0[127.0.0.1:50993]"]["model"] == 24.65 and found["RPC0[127.0.0.1:50994]"]["model"] == 8.80
+    assert found["RPC0[127.0.0.1:50993]"]["kv"] == 0.87 and found["CPU"]["model"] == 1.0

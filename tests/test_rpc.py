@@ -146,7 +146,7 @@ def test_tensor_split_counts_local_devices_and_workers_together_and_names_them(w
     rpc = f"{a.config.endpoint},{b.config.endpoint}"
     result = run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--rpc", rpc, "--tensor-split", "1x3", timeout=120)
     assert result.returncode != 0 and result.stderr.count("\n") == 1, result.stderr
-    assert "has 3 parts but llama.cpp sees 2 device(s), local GPUs and --rpc workers together" in result.stderr
+    assert "has 3 parts but llama.cpp sees 2 device(s), --rpc workers and local GPUs together, in its order" in result.stderr
     assert f"RPC0 (worker {a.config.endpoint}), RPC1 (worker {b.config.endpoint})" in result.stderr and "use 1x2" in result.stderr
 
 

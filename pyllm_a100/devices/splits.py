@@ -37,15 +37,16 @@ def parse_tensor_split(text: str | list[float] | tuple[float, ...]) -> list[floa
 def check_against_devices(parts: list[float], n_devices: int, *, text: str = "", gpus: list[int] | None = None,
                           found: list[str] | None = None) -> None:
     """More parts than visible devices is a mistake llama.cpp would silently ignore. ``gpus``: the ones
-    --gpus chose (nvidia-smi numbers), counted instead of every visible GPU. ``found``: with --rpc, every device
-    llama.cpp lists (local GPUs and the workers' devices, described), which the message names."""
+    --gpus chose (nvidia-smi numbers), counted instead of every visible GPU. ``found``: with --rpc, the model's
+    devices in llama.cpp's order (the workers' devices, then local GPUs, described), which the message names."""
     shown = text or ",".join(f"{p:g}" for p in parts)
     if found is not None:
         if len(parts) > len(found):
             seen = ", ".join(found) if found else "none"
             raise TensorSplitError(
-                f"--tensor-split {shown} has {len(parts)} parts but llama.cpp sees {len(found)} device(s), local GPUs "
-                f"and --rpc workers together: {seen}: use 1x{len(found)}, or start more workers (pyllm rpc-worker)")
+                f"--tensor-split {shown} has {len(parts)} parts but llama.cpp sees {len(found)} device(s), --rpc "
+                f"workers and local GPUs together, in its order: {seen}: use 1x{len(found)}, or start more workers "
+                "(pyllm rpc-worker)")
         return
     if gpus is not None and len(parts) > n_devices:
         from .gpus import format_gpu_list

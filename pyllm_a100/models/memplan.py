@@ -433,11 +433,12 @@ def hub_shape(label: str, header_metadata: dict[str, Any], first_shard_tensors: 
 
 # --- estimate against what a server reported ------------------------------------------------------
 
+_DEVICE = r"(\w+(?:\[[^\]\s]+\])?)"  # CUDA0, CPU_Mapped, or an RPC worker's RPC0[10.0.0.2:50052]
 _LOGGED = {
-    "model": re.compile(r"(\w+) model buffer size = +([\d.]+) MiB"),
-    "kv": re.compile(r"(\w+) KV buffer size = +([\d.]+) MiB"),
-    "compute": re.compile(r"(\w+) compute buffer size = +([\d.]+) MiB"),
-    "output": re.compile(r"(\w+) +output buffer size = +([\d.]+) MiB"),
+    "model": re.compile(_DEVICE + r" model buffer size = +([\d.]+) MiB"),
+    "kv": re.compile(_DEVICE + r" KV buffer size = +([\d.]+) MiB"),
+    "compute": re.compile(_DEVICE + r" compute buffer size = +([\d.]+) MiB"),
+    "output": re.compile(_DEVICE + r" +output buffer size = +([\d.]+) MiB"),
 }
 
 

@@ -50,7 +50,7 @@ class ServerConfig:
     n_gpu_layers: int | None = None  # None: llama.cpp's own (CPU); ALL_LAYERS when GPUs or RPC devices hold them
     tensor_split: list[float] | None = None
     rpc: list[Endpoint] = dataclasses.field(default_factory=list)
-    devices: list[Device] = dataclasses.field(default_factory=list)  # llama.cpp's devices in its order: local GPUs, workers
+    devices: list[Device] = dataclasses.field(default_factory=list)  # the model's devices in llama.cpp's order: workers', local GPUs
     gpus: list[int] | None = None  # --gpus: nvidia-smi numbers; the child sees only these (child_env)
     gpus_used: list[int] = dataclasses.field(default_factory=list)  # nvidia-smi numbers of the GPUs it may use
     draft: Any = None  # drafts.Draft: speculative decoding (--spec-draft-model, --spec-type, --spec-draft-n-max)
@@ -327,7 +327,10 @@ def make_config(options: ServeOptions, *, require_api_key: bool = True) -> Serve
     usable = len(visible) if build_info().get("cuda") else 0
     devices: list[Device] = []
     if endpoints:
-        devices = _list_devices(endpoints, selected)
+        # in the model's order, which --tensor-split follows: llama.cpp puts the RPC devices first ("to minimize
+        # network transfers", src/llama.cpp), then the local GPUs; --list-devices prints the registry's order
+        listed = _list_devices(endpoints, selected)
+        devices = [d for d in listed if d.name.startswith("RPC")] + [d for d in listed if not d.name.startswith("RPC")]
     elif usable:
         devices = [Device(f"CUDA{i}", g.name, g.memory_total // MIB, g.memory_free // MIB) for i, g in enumerate(visible)]
     if (options.split_mode or tensor_mode.flag_value(options.extra_args, tensor_mode.SPLIT_MODE)) == "tensor":
@@ -372,7 +375,8 @@ def _visible_gpus(selected: list[int] | None) -> list[Any]:
 
 
 def _list_devices(endpoints: list[Endpoint], selected: list[int] | None) -> list[Device]:
-    """llama.cpp's devices (local GPUs, then the workers'), listed in the environment llama-server will run in."""
+    """llama.cpp's devices (the registry's order: local GPUs, then the workers'), listed in the environment
+    llama-server will run in."""
     from ..devices.gpus import child_env
     from .rpc import list_devices
 
