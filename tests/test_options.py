@@ -56,13 +56,14 @@ def test_the_serve_command_takes_its_defaults_from_the_options() -> None:
 
 
 def test_a_detached_launch_runs_the_config_resolved_once(tiny_models: dict[str, Path], pyllm_home: Path) -> None:
-    """launch.json holds the resolved config (model path, port, plan): the supervisor does not resolve it again."""
+    """request.json holds the request and its resolved config (model path, port, plan): the supervisor does not
+    resolve it again."""
     result = run_pyllm("serve", str(tiny_models["tiny-llama"]), "--port", "0", "--detach", "--name", "once", timeout=300)
     try:
         assert result.returncode == 0, result.stderr
-        launch = json.loads((pyllm_home / "servers" / "once" / "launch.json").read_text())
-        config = launch["config"]
-        assert launch["kind"] == "server" and config["options"]["port"] == 0 and config["port"] > 0
+        launch = json.loads((pyllm_home / "servers" / "once" / "request.json").read_text())
+        config = launch["resolved"]
+        assert launch["kind"] == "server" and launch["port"] == 0 and config["port"] > 0
         assert config["model"] == str(tiny_models["tiny-llama"].resolve()) and config["capacity"]["slots"] >= 1
         state = json.loads((pyllm_home / "servers" / "once" / "state.json").read_text())
         assert state["port"] == config["port"] and state["plan"]["pool"] == config["capacity"]["pool"]

@@ -207,7 +207,7 @@ def rpc_worker_cmd(
 
 
 def supervise_cmd(directory: Path) -> None:
-    """(internal) Run the launch resolved in DIRECTORY/launch.json (a server or an rpc-worker)."""
+    """(internal) Run the launch resolved in DIRECTORY/request.json (a server or an rpc-worker)."""
     from ..serve import launch
 
     sys.exit(launch.supervise(directory))

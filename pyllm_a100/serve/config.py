@@ -194,7 +194,7 @@ class ServerConfig:
     def to_json(self) -> dict[str, Any]:
         """JSON of the resolved config (the options without the API key itself)."""
         options = self.options.public()
-        options["model"] = options["model"] if isinstance(options["model"], str) else str(self.model.first)
+        options["model"] = str(self.model.first)  # a relative path or a hub reference, as found
         if options["rpc"] is not None and not isinstance(options["rpc"], str):
             options["rpc"] = ",".join(map(str, options["rpc"]))
         return {

@@ -32,7 +32,7 @@ from .rpc import DEFAULT_PORT as DEFAULT_RPC_PORT
 from .rpc import RpcWorker, WorkerConfig
 from .server import LoadProgress, Server
 
-LAUNCH = "launch.json"  # what a detached supervisor runs: the resolved config (a server) or the worker's request
+LAUNCH = "request.json"  # what a detached supervisor runs: the request, and for a server what it resolved to
 
 
 @dataclasses.dataclass
@@ -57,12 +57,12 @@ class WorkerRequest:
 @dataclasses.dataclass
 class Prepared:
     """One launch, resolved: the config it runs (a server's or a worker's), its state folder and restart limit.
-    The CLI, the detached supervisor (from launch.json) and a systemd unit's foreground serve all run this."""
+    The CLI, the detached supervisor (from request.json) and a systemd unit's foreground serve all run this."""
 
     config: ServerConfig | WorkerConfig
     directory: Path
     restarts: int
-    worker: WorkerRequest | None = None  # a worker's request (what launch.json holds for it)
+    worker: WorkerRequest | None = None  # a worker's request (what request.json holds for it)
     generated_key: str | None = None  # shown once to the user, never again
     # kept in every state.json write (pyllm metrics): load_seconds, ready_since, last_restart_reason, ...
     figures: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -97,14 +97,17 @@ class Prepared:
     def to_json(self) -> dict[str, Any]:
         if self.worker is not None:
             return dataclasses.asdict(self.worker)
-        return {"kind": "server", "restarts": self.restarts, "config": self.config.to_json()}
+        resolved = self.config.to_json()
+        # the request as asked (paths made absolute) at the top, as before; what pyllm resolved it to beside it
+        return {**resolved.pop("options"), "kind": "server", "restarts": self.restarts, "resolved": resolved}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], directory: Path) -> Prepared:
         if data.get("kind") == "rpc-worker":
             worker = WorkerRequest(**data)
             return cls(worker.to_config(), directory, worker.restart, worker=worker)
-        return cls(ServerConfig.from_json(data["config"]), directory, data["restarts"])
+        options = {k: v for k, v in data.items() if k not in ("kind", "restarts", "resolved")}
+        return cls(ServerConfig.from_json({**data["resolved"], "options": options}), directory, data["restarts"])
 
 
 def overlapping(prepared: Prepared) -> list[tuple[str, list[int]]]:

@@ -1,7 +1,7 @@
 """Every option of `pyllm serve`, defined once.
 
 :class:`ServeOptions` is the one definition: the `pyllm serve` command is generated from its fields (their
-help, environment variable and default: cli/serve.py), a detached supervisor runs them resolved (launch.json),
+help, environment variable and default: cli/serve.py), a detached supervisor runs them resolved (request.json),
 `pyllm ps --json` shows them (secrets left out), `pyllm service install` writes a unit's command line from the
 fields that differ from their defaults, and ``config.make_config(options)`` resolves them once into the
 ServerConfig whose to_argv() is llama-server's command line. A new option is one field here.
