@@ -352,7 +352,7 @@ def test_foreground_death_is_one_line(tiny_deepseek4: Path, pyllm_home: Path) ->
         log.write(CUDA_ABORT)
     child.send_signal(signal.SIGABRT)
     _, stderr = proc.communicate(timeout=60)
-    lines = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith(("serving ", "plan: ", "started llama-server"))]
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith(("serving ", "plan: ", "scheduling: ", "started llama-server"))]
     assert proc.returncode == 1 and len(lines) == 1, stderr
     assert lines[0].startswith("error: llama-server aborted: CUDA error 'invalid argument' in ggml_cuda_mul_mat_vec_q"), stderr
 

@@ -10,9 +10,9 @@ rows     per model, column and setting, one `pyllm serve` server (the package's 
          llama-server flags; then pyllm_a100.bench.cotenancy.measure (`pyllm bench cotenancy`'s library): a stream
          decodes alone (solo_tps), then --prompts prompts of --prompt-tokens tokens are sent beside it (during_tps, the
          stream's gaps p50/p99/max, prefill_s) and a --short-tokens request once they are under way (short_ttft_s).
-         Settings: baseline = llama.cpp's own scheduling (the library's BASELINE_ARGS: --decode-latency-target 0 -b 2048
-         -ub 512, or --baseline-args), defaults = pyllm serve's own, targetN = --decode-latency-target N, or
-         NAME='FLAGS' given with --setting. Every row also gets its model's and column's baseline prefill
+         Settings: baseline = llama.cpp's own scheduling (serve.options.LLAMA_CPP_SCHEDULING: no --batch-size or
+         --decode-latency-target, so llama-server's -b 2048 and target off; --baseline-args adds flags), defaults =
+         pyllm serve's own, targetN = --decode-latency-target N, or NAME='FLAGS' given with --setting. Every row also gets its model's and column's baseline prefill
          (baseline_prefill_s) and whether the stream's greedy tokens match the baseline's over the tokens both got.
 ncu      (last, optional) per --ncu-columns: ncu --graph-profiling node over the package's llama-bench on --ncu-model,
          one decode step (-p 0 -n 1) and one prompt chunk (-p --ncu-chunk -n 0), per launch: duration, SM throughput,
@@ -79,6 +79,7 @@ def results(a) -> lab_models.Results:
 
 def row_for(a, model: str, col: str, disp: str, setting: str) -> dict:
     from pyllm_a100.bench.cotenancy import Load, measure
+    from pyllm_a100.serve.options import LLAMA_CPP_SCHEDULING
     from pyllm_a100.serve.server import Server
 
     load = Load(prompts=a.prompts, prompt_tokens=a.prompt_tokens, short_tokens=a.short_tokens)
@@ -93,9 +94,11 @@ def row_for(a, model: str, col: str, disp: str, setting: str) -> dict:
            "load": {"prompts": load.prompts, "prompt_tokens": load.prompt_tokens, "short_tokens": load.short_tokens},
            "ctx_size": a.ctx_size, "parallel": load.slots, **{f: None for f in FIELDS}}
     t0 = time.time()
+    # the baseline: llama-server's own scheduling (no pyllm serve flags for it; --baseline-args on top)
+    scheduling = dict(LLAMA_CPP_SCHEDULING) if setting == "baseline" else {}
     try:
         with Server(lab_models.path(a.work, model), port=0, ready_timeout=a.ready_timeout, ctx_size=a.ctx_size,
-                    parallel=load.slots, extra_args=extra, env=env, log_path=log) as srv:
+                    parallel=load.slots, extra_args=extra, env=env, log_path=log, **scheduling) as srv:
             row["argv"] = shlex.join(srv.argv)
             row["load_s"] = round(time.time() - t0, 1)
             capacity = srv.config.capacity

@@ -98,8 +98,11 @@ def compare(model: Any, levels: Sequence[int], load: Load, *, baseline_args: Seq
         check_server_binary(baseline_binary)  # before pyllm serve's run, not after it
     rows: list[AgentLevel] = []
     label = "llama.cpp " + " ".join(baseline_args) + (f" ({Path(baseline_binary).name})" if baseline_binary else "")
-    runs = (("pyllm serve", [], None, {}),  # the baseline may be a build without --queue-timeout (the pin)
-            (label, list(baseline_args), baseline_binary, {"queue_timeout": None}))
+    from ..serve.options import LLAMA_CPP_SCHEDULING
+
+    # the baseline is llama.cpp's settings, and may be a build without our flags (the pin)
+    runs = (("pyllm serve", [], None, {}),
+            (label, list(baseline_args), baseline_binary, {"queue_timeout": None, **LLAMA_CPP_SCHEDULING}))
     for name, extra, binary, own in runs:
         with Server(model, port=0, ready_timeout=3600, extra_args=extra, server_binary=binary, **server_options, **own) as srv:
             rows += measure(srv.base_url, levels, load, server=name, api_key=srv.api_key, on_level=on_level)

@@ -1,4 +1,4 @@
-"""Measurements: `pyllm bench run|concurrency|agents|verify|draft|speculate|profile|tune`, and `pyllm tune`.
+"""Measurements: `pyllm bench run|concurrency|agents|cotenancy|verify|draft|speculate|profile|tune`, and `pyllm tune`.
 
 Each subcommand is a thin layer over one library function in pyllm_a100.bench. The single-command spelling of
 earlier releases (`pyllm bench MODEL --concurrency 1,4 / --verify-cost 1-16 / --spec-args ... / --profile`) still
@@ -32,7 +32,7 @@ Repeat = Annotated[int, typer.Option(help="Requests per client (per level with a
 TensorSplit = Annotated[Optional[str], typer.Option(help="With MODEL: 1x8, 3,1 ...")]
 ApiKey = Annotated[Optional[str], typer.Option(help="API key of the server at --url.", envvar="PYLLM_API_KEY")]
 
-SUBCOMMANDS = ("run", "concurrency", "agents", "verify", "draft", "speculate", "profile", "tune")
+SUBCOMMANDS = ("run", "concurrency", "agents", "cotenancy", "verify", "draft", "speculate", "profile", "tune")
 
 
 def _model_or_url(model: Optional[str], url: Optional[str]) -> None:
@@ -167,6 +167,49 @@ def agents_cmd(
         if r.first_error:
             print(f"{r.server}, {r.clients} clients: first failure: {r.first_error}")
     for line in agents.ratios(rows):
+        print(line)
+
+
+@bench_app.command("cotenancy")
+def cotenancy_cmd(
+    model: Model = None,
+    url: Url = None,
+    prompts: Annotated[int, typer.Option(help="Long prompts sent at once beside the decoding stream.")] = 1,
+    prompt_tokens: Annotated[int, typer.Option(help="Each long prompt's length in tokens.")] = 65536,
+    short_tokens: Annotated[int, typer.Option(help="A short request sent during the prefill, its TTFT timed (0: none).")] = 200,
+    server_args: Annotated[Optional[str], typer.Option(help="With MODEL: llama-server flags for pyllm serve's run (as after --), "
+                                                       "e.g. '--decode-latency-target 50'.")] = None,
+    baseline_args: Annotated[Optional[str], typer.Option(help="With MODEL: more llama-server flags for the baseline, which runs "
+                                                         "llama.cpp's own scheduling (-b 2048, no decode latency target).")] = None,
+    baseline_binary: Annotated[Optional[str], typer.Option(help="With MODEL: the baseline's llama-server (e.g. a build of the pin, "
+                                                           "with --baseline-args '' ); default: this package's.")] = None,
+    tensor_split: TensorSplit = None,
+    api_key: ApiKey = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """One stream's tokens/s alone and while long prompts are prefilled beside it (gaps p50/p99/max), the prefill's time
+    and a short request's TTFT; with MODEL, pyllm serve's defaults against a baseline server in one run."""
+    from ..bench import cotenancy
+
+    _model_or_url(model, url)
+    load = cotenancy.Load(prompts=prompts, prompt_tokens=prompt_tokens, short_tokens=short_tokens)
+    if url is not None:
+        rows = [cotenancy.measure(url, load, server=url, api_key=api_key)]
+    else:
+        rows = cotenancy.compare(model, load, server_args=shlex.split(server_args or ""), tensor_split=tensor_split,
+                                 baseline_args=cotenancy.BASELINE_ARGS if baseline_args is None else shlex.split(baseline_args),
+                                 baseline_binary=baseline_binary)
+    if as_json:
+        print(json.dumps({"load": dataclasses.asdict(load), "rows": [r.as_row() for r in rows],
+                          "same_stream_tokens": cotenancy.same_tokens(rows)}, indent=2))
+        return
+    print_table(f"a stream decoding beside {prompts} prompt(s) of {prompt_tokens} tokens",
+                ["server", "solo t/s", "during t/s", "kept", "gap p50 ms", "gap p99 ms", "gap max ms", "prefill s",
+                 "short TTFT s"],
+                [[r.server, f"{r.solo_tps:.1f}", f"{r.during_tps:.1f}", f"{r.kept:.0%}", f"{r.gap_p50_ms:.0f}",
+                  f"{r.gap_p99_ms:.0f}", f"{r.gap_max_ms:.0f}", f"{r.prefill_s:.2f}",
+                  "-" if r.short_ttft_s is None else f"{r.short_ttft_s:.2f}"] for r in rows])
+    for line in cotenancy.ratios(rows):
         print(line)
 
 

@@ -126,6 +126,7 @@ def _serve_options(options) -> None:
         err.print(f"draft: {d['path']} ({d['spec_type']}{per_step})", highlight=False)
     if cfg.capacity is not None:
         err.print(f"plan: {cfg.capacity.summary()}", highlight=False)
+    err.print(f"scheduling: {cfg.scheduling}", highlight=False)
     bar, update = _progress_printer(cfg.model.name)
     if options.detach:
         proc = launch.start_detached(prepared)

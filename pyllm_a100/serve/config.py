@@ -150,6 +150,7 @@ class ServerConfig:
         if (self.split_mode or tensor_mode.flag_value(self.extra_args, tensor_mode.SPLIT_MODE)) == "tensor":
             argv += tensor_mode.argv_defaults(self.extra_args)
         argv += self._sizing_argv()
+        argv += self._scheduling_argv()
         if self.queue_timeout is not None:
             argv += ["--queue-timeout", str(self.queue_timeout)]
         if self.api_key_file is not None:
@@ -188,6 +189,26 @@ class ServerConfig:
         for entry, plan in zip(out, plans):
             entry.update(layers=plan.layers, weights_bytes=plan.weights, kv_bytes=plan.kv)
         return out
+
+    def _scheduling_argv(self) -> list[str]:
+        """How steps share prompt and decode tokens (None: llama-server's own, e.g. for another binary)."""
+        o = self.options
+        argv = [] if o.batch_size is None else ["--batch-size", str(o.batch_size)]
+        if o.decode_latency_target is not None:
+            argv += ["--decode-latency-target", str(o.decode_latency_target)]
+        if o.prefill_min_chunk is not None:
+            argv += ["--prefill-min-chunk", str(o.prefill_min_chunk)]
+        return argv
+
+    @property
+    def scheduling(self) -> str:
+        """The co-tenancy choice in words (pyllm serve and doctor print it)."""
+        o = self.options
+        step = f"prompt steps of at most {o.batch_size} tokens" if o.batch_size else "llama-server's prompt steps"
+        if not o.decode_latency_target:
+            return f"{step}; no decode latency target (a long prompt stalls decoding streams)"
+        return (f"decoding streams keep a token about every {o.decode_latency_target} ms while prompts are prefilled "
+                f"(--decode-latency-target; 0: off), {step}")
 
     # -- what a detached supervisor runs: this object, not the request resolved a second time
 
@@ -287,6 +308,15 @@ def _check_arguments(options: ServeOptions, *, require_api_key: bool) -> None:
     if o.cors_origins is not None and not o.cors_origins.strip():
         raise ServerConfigError(f"--cors-origins {o.cors_origins!r}: give the origins to allow (e.g. https://chat.example.lan, "
                                 "or '*'), or leave it out for the server's own origin")
+    if o.decode_latency_target is not None and not 0 <= o.decode_latency_target <= 60000:
+        raise ServerConfigError(f"--decode-latency-target {o.decode_latency_target}: give milliseconds from 0 (off: "
+                                "llama.cpp's own scheduling) to 60000, e.g. 100")
+    if o.prefill_min_chunk is not None and not 1 <= o.prefill_min_chunk <= 1048576:
+        raise ServerConfigError(f"--prefill-min-chunk {o.prefill_min_chunk}: give a number of tokens from 1 to 1048576, "
+                                "e.g. 64")
+    if o.batch_size is not None and o.batch_size < 1:
+        raise ServerConfigError(f"--batch-size {o.batch_size}: give the prompt tokens a step may take, at least 1 "
+                                "(e.g. 512)")
     if o.draft_max is not None and o.draft is None:
         raise ServerConfigError(f"--draft-max {o.draft_max} needs a draft: add --draft PATH (or --draft auto)")
 

@@ -21,7 +21,15 @@ LLAMA_SIZING_FLAGS = {
     "slots": frozenset({"-np", "--parallel"}),
     "pool": frozenset({"-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified", "--kv-unified-per-slot"}),
 }
+# Co-tenancy (issue 55; patch 0044): decoding streams keep a token every 100 ms while a prompt is prefilled, in
+# steps of at least 64 prompt tokens; a step takes at most 512 prompt tokens when nobody decodes (llama.cpp: 2048),
+# which cost a 64k prefill nothing measurable on the H200 (41.0 vs 41.1 s) and bounds a newcomer's wait to one step.
+DEFAULT_DECODE_LATENCY_TARGET = 100
+DEFAULT_PREFILL_MIN_CHUNK = 64
+DEFAULT_BATCH_SIZE = 512
 DEFAULT_QUEUE_TIMEOUT = 600  # seconds a request may wait for a slot and KV space before a 503 (llama-server's own: no bound)
+# The options that leave scheduling to llama-server's own defaults (-b 2048, no decode latency target): a baseline's
+LLAMA_CPP_SCHEDULING = {"decode_latency_target": None, "prefill_min_chunk": None, "batch_size": None}
 
 
 def option(default: Any, help: str, *, envvar: str | None = None, secret: bool = False,
@@ -45,6 +53,17 @@ class ServeOptions:
                                         "each slot holds up to the model's trained context.")
     queue_timeout: int = option(DEFAULT_QUEUE_TIMEOUT, "Seconds a request may wait for room in the KV pool before it "
                                                          "gets HTTP 503 with Retry-After (0: wait as long as it takes).")
+    decode_latency_target: int | None = option(
+        DEFAULT_DECODE_LATENCY_TARGET, "Milliseconds between the tokens of the requests that are decoding, kept while "
+        "others' prompts are prefilled: each step takes only the prompt tokens that fit (the server measures its own "
+        "step costs), so one long prompt no longer stalls every stream. 0: llama.cpp's own scheduling (each step "
+        "takes a full --batch-size of prompt).")
+    prefill_min_chunk: int | None = option(
+        DEFAULT_PREFILL_MIN_CHUNK, "Prompt tokens a step takes at least while others decode: the floor that keeps a "
+        "long prefill efficient when --decode-latency-target is tight.")
+    batch_size: int | None = option(
+        DEFAULT_BATCH_SIZE, "Prompt tokens one step may take when nobody is decoding (llama-server -b): a request that "
+        "arrives waits at most one such step.")
     host: str = option("127.0.0.1", "Address to bind; anything but loopback requires an API key.")
     port: int = option(8080, "Port to listen on (0: any free port).")
     api_key: str | None = option(None, "Require this API key (generated for non-loopback hosts). Prefer PYLLM_API_KEY: "
