@@ -116,7 +116,7 @@ def reach(url: str, api_key: str | None) -> tuple[str, dict, httpx.Limits, int]:
     """A ready llama-server at ``url``: (its base URL, request headers, connection limits, vocabulary size)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     url = url.rstrip("/").removesuffix("/v1")
-    fresh = httpx.Limits(max_keepalive_connections=0)  # llama-server closes a connection after a stream
+    fresh = httpx.Limits(max_keepalive_connections=0)  # one connection per request, as separate clients would
     with httpx.Client(headers=headers, limits=fresh) as client:
         check_ready(client, url)
         return url, headers, fresh, _vocab_size(client, url)

@@ -116,7 +116,7 @@ def run(url: str, *, prompt_tokens: int = 512, gen_tokens: int = 128, concurrenc
         raise BenchError("--prompt-tokens, --gen-tokens, --concurrency and --repeat must be at least 1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     url = url.rstrip("/").removesuffix("/v1")
-    # llama-server closes a connection after a streamed reply: one connection per request.
+    # one connection per request, as separate clients would (no request waits behind another on a shared socket)
     fresh = httpx.Limits(max_keepalive_connections=0)
     with httpx.Client(headers=headers, limits=fresh) as client:
         check_ready(client, url)
