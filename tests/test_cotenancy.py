@@ -85,3 +85,18 @@ def test_serve_and_doctor_say_the_scheduling(tiny_deepseek4: Path, pyllm_home: P
     doctor = json.loads(run_pyllm("doctor", str(tiny_deepseek4), "--json", check=True).stdout)
     assert any(f["text"].startswith(f"scheduling: pyllm serve keeps decoding streams at a token about every {TARGET_MS} ms")
                for f in doctor["findings"])
+
+
+def test_scheduling_flags_after_dashes_are_the_users_and_passed_once(tiny_deepseek4: Path) -> None:
+    """`pyllm serve m.gguf -- --decode-latency-target 5 -b 64`: llama-server gets the user's values, once each, and
+    serve says the scheduling is theirs (it printed its own 100 ms before, and passed both)."""
+    from pyllm_a100.serve.config import make_config
+    from pyllm_a100.serve.options import ServeOptions
+
+    cfg = make_config(ServeOptions(model=str(tiny_deepseek4), port=0,
+                                   extra_args=["--decode-latency-target", "5", "-b", "64"]), require_api_key=False)
+    argv = cfg.to_argv("llama-server")
+    assert argv.count("--decode-latency-target") == 1 and argv[argv.index("--decode-latency-target") + 1] == "5"
+    assert "--batch-size" not in argv and argv[argv.index("-b") + 1] == "64"
+    assert argv[argv.index("--prefill-min-chunk") + 1] == "64", "what the user left out keeps pyllm's default"
+    assert "--decode-latency-target 5, -b 64" in cfg.scheduling, cfg.scheduling

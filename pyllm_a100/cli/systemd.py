@@ -15,6 +15,7 @@ from .common import err
 service_app = typer.Typer(help="Run pyllm serve as a systemd service: started at boot, restarted on failure.",
                           no_args_is_help=True)
 
+InstalledName = Annotated[str, typer.Argument(help="The service's name (pyllm service list).")]
 UserFlag = Annotated[bool, typer.Option("--user", help="A user unit (~/.config/systemd/user; systemctl --user) instead of a system one.")]
 RootOption = Annotated[Optional[Path], typer.Option(
     help="Write under this folder as if it were / (an image being built); systemctl is not run.")]
@@ -142,7 +143,7 @@ def _home_of(account: str, user: bool) -> Path:
 
 
 def uninstall_cmd(
-    name: Annotated[str, typer.Argument(help="The service's name (pyllm service list).")],
+    name: InstalledName,
     user: UserFlag = False,
     root: RootOption = None,
 ) -> None:
@@ -164,7 +165,7 @@ def uninstall_cmd(
 
 
 def status_cmd(
-    name: Annotated[str, typer.Argument(help="The service's name (pyllm service list).")],
+    name: InstalledName,
     user: UserFlag = False,
     root: RootOption = None,
 ) -> None:

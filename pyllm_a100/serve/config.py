@@ -25,7 +25,7 @@ from ..models.capacity import DEFAULT_SLOTS, Budget, Capacity
 from ..models.gguf_files import ModelFiles, resolve_model
 from ..devices.splits import check_against_devices, parse_tensor_split, to_llama_arg
 from .net import bind_refusal, free_port, host_problem, is_loopback
-from .options import ServeOptions
+from .options import LLAMA_SCHEDULING_FLAGS, ServeOptions
 from .rpc import Device, Endpoint
 
 log = logging.getLogger(__name__)
@@ -193,17 +193,23 @@ class ServerConfig:
     def _scheduling_argv(self) -> list[str]:
         """How steps share prompt and decode tokens (None: llama-server's own, e.g. for another binary)."""
         o = self.options
-        argv = [] if o.batch_size is None else ["--batch-size", str(o.batch_size)]
-        if o.decode_latency_target is not None:
-            argv += ["--decode-latency-target", str(o.decode_latency_target)]
-        if o.prefill_min_chunk is not None:
-            argv += ["--prefill-min-chunk", str(o.prefill_min_chunk)]
+        theirs = o.scheduled_after_dashes  # the user's flags after -- win, and are not passed twice
+        argv: list[str] = []
+        for name, flag in (("batch_size", "--batch-size"), ("decode_latency_target", "--decode-latency-target"),
+                           ("prefill_min_chunk", "--prefill-min-chunk")):
+            if getattr(o, name) is not None and name not in theirs:
+                argv += [flag, str(getattr(o, name))]
         return argv
 
     @property
     def scheduling(self) -> str:
         """The co-tenancy choice in words (pyllm serve and doctor print it)."""
         o = self.options
+        if o.scheduled_after_dashes:
+            flags = set().union(*LLAMA_SCHEDULING_FLAGS.values())
+            args = o.extra_args
+            given = [a if "=" in a else " ".join(args[i:i + 2]) for i, a in enumerate(args) if a.partition("=")[0] in flags]
+            return f"as the llama-server flags after -- set it ({', '.join(given)}; pyllm's defaults for the rest)"
         step = f"prompt steps of at most {o.batch_size} tokens" if o.batch_size else "llama-server's prompt steps"
         if not o.decode_latency_target:
             return f"{step}; no decode latency target (a long prompt stalls decoding streams)"

@@ -28,6 +28,12 @@ DEFAULT_DECODE_LATENCY_TARGET = 100
 DEFAULT_PREFILL_MIN_CHUNK = 64
 DEFAULT_BATCH_SIZE = 512
 DEFAULT_QUEUE_TIMEOUT = 600  # seconds a request may wait for a slot and KV space before a 503 (llama-server's own: no bound)
+# llama-server's flags for the scheduling options, by option: given after --, the user's value is the one passed
+LLAMA_SCHEDULING_FLAGS = {
+    "batch_size": frozenset({"-b", "--batch-size"}),
+    "decode_latency_target": frozenset({"--decode-latency-target"}),
+    "prefill_min_chunk": frozenset({"--prefill-min-chunk"}),
+}
 # The options that leave scheduling to llama-server's own defaults (-b 2048, no decode latency target): a baseline's
 LLAMA_CPP_SCHEDULING = {"decode_latency_target": None, "prefill_min_chunk": None, "batch_size": None}
 
@@ -115,6 +121,12 @@ class ServeOptions:
         What they size is theirs: serve then plans no pool and passes only what they left out."""
         given = {arg.partition("=")[0] for arg in self.extra_args}
         return frozenset(what for what, flags in LLAMA_SIZING_FLAGS.items() if given & flags)
+
+    @property
+    def scheduled_after_dashes(self) -> frozenset[str]:
+        """The scheduling options (batch_size, ...) the user's own llama-server flags after ``--`` set."""
+        given = {arg.partition("=")[0] for arg in self.extra_args}
+        return frozenset(name for name, flags in LLAMA_SCHEDULING_FLAGS.items() if given & flags)
 
     def cli_args(self) -> list[str]:
         """`pyllm serve` options for the values that differ from the defaults (a systemd unit's command line);
