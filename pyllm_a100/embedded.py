@@ -21,6 +21,7 @@ from typing import Any
 
 from .llamacpp.bindings import llama_cpp_module
 from .llamacpp.native import build_info
+from .llamacpp.rpc_devices import device_array as rpc_device_array
 from .devices.splits import check_against_devices, parse_tensor_split
 from .errors import InvalidArgument, ModelError
 from .models.drafts import DraftError, InProcessUnsupported, check_n_max, refuse_as_model
@@ -83,14 +84,43 @@ if not issubclass(_llama_cpp._internals.LlamaContext, _Context):
     _llama_cpp._internals.LlamaContext = _Context
 
 
+class _Model(_llama_cpp._internals.LlamaModel):
+    """Sets llama_model_params.devices from this thread's pending list (Llama with RPC workers in the process)."""
+
+    def __init__(self, *, path_model: str, params: Any, verbose: bool = True) -> None:
+        devices = getattr(_pending, "devices", None)
+        if devices is not None:
+            params.devices = ctypes.cast(devices, ctypes.c_void_p)
+        super().__init__(path_model=path_model, params=params, verbose=verbose)
+
+
+if not issubclass(_llama_cpp._internals.LlamaModel, _Model):
+    _llama_cpp._internals.LlamaModel = _Model
+
+
 @contextlib.contextmanager
-def _flash_attn_type(value: int):
-    before = getattr(_pending, "flash_attn_type", None)
-    _pending.flash_attn_type = value
+def _pending_values(**values: Any):
+    """What the next LlamaContext / LlamaModel built on this thread takes (flash_attn_type, devices)."""
+    before = {name: getattr(_pending, name, None) for name in values}
+    for name, value in values.items():
+        setattr(_pending, name, value)
     try:
         yield
     finally:
-        _pending.flash_attn_type = before
+        for name, value in before.items():
+            setattr(_pending, name, value)
+
+
+def _devices(rpc: str | Sequence[object] | None) -> list[int] | None:
+    """The model's device list: the workers' devices first, then this machine's GPUs (llama.cpp's --rpc order);
+    None (llama.cpp's default: every registered device) while no worker was added in this process."""
+    from .llamacpp import rpc_devices
+    from .llamacpp.rpc_protocol import parse_endpoints
+
+    if rpc is None:
+        return rpc_devices.local_gpus() if rpc_devices.any_added() else None
+    endpoints = parse_endpoints(rpc if isinstance(rpc, str) else ",".join(map(str, rpc)))
+    return rpc_devices.add_workers(endpoints) + rpc_devices.local_gpus()
 
 
 def default_gpu_layers() -> int:
@@ -106,7 +136,9 @@ class Llama(_llama_cpp.Llama):
     """``llama_cpp.Llama`` on pyllm-a100's libllama.
 
     ``model_path`` may be a .gguf file, shard 1 of a set, or a folder holding one set;
-    ``tensor_split`` also takes the serve syntax (``"1x8"``, ``"3,1"``, ``"2x2,1x4"``).
+    ``tensor_split`` also takes the serve syntax (``"1x8"``, ``"3,1"``, ``"2x2,1x4"``); ``rpc`` takes rpc-server
+    workers (``"10.0.0.2:50052,..."``, as ``pyllm serve --rpc``): their devices come first in the split, then the
+    local GPUs, and all layers are offloaded unless ``n_gpu_layers`` says otherwise.
 
     Defaults are llama-server's where llama-cpp-python's differ and change the text, so greedy
     output equals ``pyllm serve``'s (an argument you pass wins; ``flash_attn`` also takes
@@ -137,6 +169,7 @@ class Llama(_llama_cpp.Llama):
         verbose: bool = False,
         draft: str | os.PathLike[str] | None = None,
         draft_max: int | None = None,
+        rpc: str | Sequence[object] | None = None,
         **kwargs: Any,
     ) -> None:
         # llama_cpp.Llama.__del__ closes self._stack: have one even if the checks below raise.
@@ -149,14 +182,16 @@ class Llama(_llama_cpp.Llama):
         self.model_files: ModelFiles = resolve_model(model_path)
         refuse_as_model(self.model_files)
         self.last_generation = GenerationStats()
+        devices = _devices(rpc)  # before the split is counted: the workers' devices count too
         if n_gpu_layers is None:
-            n_gpu_layers = default_gpu_layers()
+            n_gpu_layers = -1 if rpc is not None else default_gpu_layers()  # all layers, as pyllm serve --rpc
         parts = None
         if tensor_split is not None:
             parts = parse_tensor_split(tensor_split)
             from .devices.gpus import visible_gpus
 
-            check_against_devices(parts, len(visible_gpus()), text=str(tensor_split))
+            count = len(devices) if rpc is not None else len(visible_gpus())
+            check_against_devices(parts, count, text=str(tensor_split))
         # verbose=True for llama-cpp-python: its quiet mode dup2()s stdout/stderr to
         # /dev/null around C calls, which is fragile and hides crash reports. Quiet here
         # means: llama.cpp's log filtered by our callback, llama-cpp-python's own
@@ -174,7 +209,8 @@ class Llama(_llama_cpp.Llama):
         if draft is not None:  # speculative decoding: prompt-lookup or a small model (in_process below says why not DSpark/MTP)
             kwargs["draft_model"] = in_process(self.model_files, draft, draft_max, n_gpu_layers=n_gpu_layers)
         quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stderr(io.StringIO())
-        with quiet, _flash_attn_type(_FLASH_ATTN_TYPES[flash_attn]):
+        self._devices = None if devices is None else rpc_device_array(devices)  # alive as long as the model
+        with quiet, _pending_values(flash_attn_type=_FLASH_ATTN_TYPES[flash_attn], devices=self._devices):
             super().__init__(
                 model_path=str(self.model_files.first),
                 n_gpu_layers=n_gpu_layers,

@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from conftest import run_pyllm
+from conftest import run_pyllm, run_python
 
 
 @pytest.fixture
@@ -58,6 +58,56 @@ def test_two_workers_hold_the_layers_and_give_the_local_tokens(servers, workers,
     grown = [psutil.Process(w.pid).memory_info().rss - before for w, before in zip((a, b), rss_before)]
     model = tiny_deepseek4.stat().st_size
     assert all(g > model / 8 for g in grown), f"each worker must hold part of the weights: grew {grown} of {model}"
+
+
+IN_PROCESS = """
+import json, sys
+from pyllm_a100 import Llama
+
+model, endpoints = sys.argv[1], sys.argv[2]
+
+def text(llm):
+    return llm("The capital of France is", max_tokens=12, temperature=0)["choices"][0]["text"]
+
+out = {}
+sys.stderr.write("== local\\n")
+out["local"] = text(Llama(model, n_ctx=512, verbose=True))
+sys.stderr.write("== rpc\\n")
+out["rpc"] = text(Llama(model, n_ctx=512, rpc=endpoints, tensor_split="1x2", verbose=True))
+sys.stderr.write("== local again\\n")
+out["again"] = text(Llama(model, n_ctx=512, n_gpu_layers=-1, verbose=True))  # all layers offloaded: where to?
+print(json.dumps(out))
+"""
+
+
+def test_llama_in_process_splits_over_workers_and_keeps_the_tokens(workers, tiny_deepseek4: Path) -> None:
+    """Llama(rpc=...) puts the layers on the workers (llama.cpp logs a model buffer on each) with the local text;
+    a Llama without rpc= in the same process, all layers offloaded, stays off them although llama.cpp registered them
+    process-wide (llama-cpp-python's own Llama put every layer on the worker)."""
+    a, b = workers(2)
+    endpoints = f"{a.config.endpoint},{b.config.endpoint}"
+    code = IN_PROCESS.replace("sys.argv[1], sys.argv[2]", f"{str(tiny_deepseek4)!r}, {endpoints!r}")
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["rpc"] == out["local"] == out["again"], out
+    local, rest = result.stderr.split("== rpc", 1)
+    remote, again = rest.split("== local again", 1)
+    def buffers(log: str) -> list[str]:
+        return [line for line in log.splitlines() if "model buffer size" in line]
+
+    for endpoint in (a.config.endpoint, b.config.endpoint):
+        assert any(f"[{endpoint}]" in line for line in buffers(remote)), remote[-3000:]
+    assert buffers(local) and buffers(again), "llama.cpp logs the local loads' buffers too"
+    assert not [line for line in buffers(local) + buffers(again) if "RPC" in line], again[-3000:]
+
+
+def test_llama_refuses_a_worker_that_does_not_answer(tiny_deepseek4: Path) -> None:
+    from pyllm_a100.serve.net import free_port
+
+    port = free_port()
+    result = run_python(f"from pyllm_a100 import Llama\nLlama({str(tiny_deepseek4)!r}, rpc='127.0.0.1:{port}')")
+    assert result.returncode != 0 and f"no rpc-server answers at 127.0.0.1:{port}" in result.stderr, result.stderr[-2000:]
 
 
 def test_a_worker_killed_while_serving_is_a_clear_error(servers, workers, tiny_deepseek4: Path) -> None:

@@ -3,9 +3,9 @@
 ``RpcWorker`` runs this build's ``rpc-server`` (supervised like the server). rpc-server
 has no authentication and has had memory-safety bugs reachable over the network, so a
 worker binds loopback unless the caller explicitly allows a network address (a private
-network or a tunnel). :func:`hello` speaks the protocol's handshake to tell a live worker
-from a dead port or some other service; :func:`list_devices` asks llama.cpp itself for the
-devices (local and remote) and their memory.
+network or a tunnel). :func:`hello` (llamacpp.rpc_protocol) tells a live worker from a dead
+port or some other service; :func:`list_devices` asks llama.cpp itself for the devices (local
+and remote) and their memory.
 """
 
 from __future__ import annotations
@@ -14,94 +14,18 @@ import dataclasses
 import os
 import re
 import signal
-import socket
-import struct
 import subprocess
-from pathlib import Path
 
-from ..errors import NativeBuildNotFound, RpcError
-from ..llamacpp.native import binary, build_info
+from ..errors import RpcError
+from ..llamacpp.native import binary
+from ..llamacpp.rpc_protocol import DEFAULT_PORT, Endpoint, hello, parse_endpoints  # noqa: F401  (used through serve.rpc)
 from .process import ManagedProcess
 from .net import bind_refusal, host_problem, is_loopback
 
-DEFAULT_PORT = 50052
-RPC_CMD_HELLO = 14  # ggml-rpc.cpp: static_assert(RPC_CMD_HELLO == 14)
-CONN_CAPS_SIZE = 24  # ggml-rpc transport.h: RPC_CONN_CAPS_SIZE
-PROTO_MAJOR = 7  # ggml-rpc.h: RPC_PROTO_MAJOR_VERSION of the pinned tree
 NO_AUTH_WARNING = (
     "rpc-server has no authentication: anyone who can reach the port can run code paths that have had "
     "memory-safety bugs; bind it only on a private network or behind a tunnel"
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Endpoint:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def parse_endpoints(text: str) -> list[Endpoint]:
-    """``"10.0.0.2:50052,10.0.0.3:50052"`` -> endpoints (one-line errors for typos)."""
-    if not text.strip():
-        raise RpcError(f"--rpc {text!r} is empty: give HOST:PORT[,HOST:PORT...] of rpc-server workers (pyllm rpc-worker), or leave it out")
-    out = []
-    for part in (p.strip() for p in text.split(",")):
-        m = re.fullmatch(r"\[?([^\[\]]+?)\]?:(\d+)", part)
-        if not m or not 1 <= int(m[2]) <= 65535:
-            raise RpcError(f"--rpc {text}: {part!r} is not HOST:PORT (e.g. 10.0.0.2:{DEFAULT_PORT})")
-        out.append(Endpoint(m[1], int(m[2])))
-    return out
-
-
-def hello(endpoint: Endpoint, timeout: float = 5.0) -> tuple[int, int, int]:
-    """The RPC handshake: (major, minor, patch) of the worker, or RpcError saying what answered."""
-    try:
-        sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout)
-    except ConnectionRefusedError:
-        raise RpcError(f"no rpc-server answers at {endpoint} (connection refused): start one there with `pyllm rpc-worker --port {endpoint.port}`") from None
-    except OSError as exc:
-        raise RpcError(f"cannot reach the rpc-server at {endpoint} ({exc.strerror or exc}): check the address, the network and any firewall") from None
-    with sock:
-        try:
-            sock.settimeout(timeout)
-            sock.sendall(bytes([RPC_CMD_HELLO]) + struct.pack("<Q", CONN_CAPS_SIZE) + bytes(CONN_CAPS_SIZE))
-            header = _recv(sock, 8)
-            (size,) = struct.unpack("<Q", header)
-            if size != 4 + CONN_CAPS_SIZE:
-                raise ValueError(size)
-            body = _recv(sock, size)
-        except (OSError, ValueError, struct.error):
-            raise RpcError(
-                f"{endpoint} accepted the connection but did not answer the RPC handshake: it is not an rpc-server "
-                "(or one of a very different llama.cpp); check the port"
-            ) from None
-    major, minor, patch = body[0], body[1], body[2]
-    ours = _build_protocol()
-    if major != PROTO_MAJOR or (ours is not None and f"{major}.{minor}.{patch}" != ours):
-        raise RpcError(f"the rpc-server at {endpoint} speaks RPC {major}.{minor}.{patch}, this build {ours or f'{PROTO_MAJOR}.x'}"
-                       " (the ops a graph may hold differ): run the same pyllm-a100 build on every machine")
-    return major, minor, patch
-
-
-def _build_protocol() -> str | None:
-    """The RPC protocol this build's rpc-server speaks (build_info.json's rpc_protocol; None: an older build_info)."""
-    try:
-        return build_info().get("rpc_protocol")
-    except NativeBuildNotFound:  # no build here: only the major version can be checked
-        return None
-
-
-def _recv(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ValueError("closed")
-        data += chunk
-    return data
 
 
 @dataclasses.dataclass(frozen=True)
