@@ -15,8 +15,10 @@ from pyllm_a100.bench import cotenancy
 from pyllm_a100.errors import EX_CONFIG
 from pyllm_a100.serve.options import DEFAULT_DECODE_LATENCY_TARGET as TARGET_MS
 
-# On 2 CPU cores a step's cost moves with whatever else runs; the worst gap stays within 3x the target there.
-K = 3
+# A step that carries prompt tokens is planned at up to 3 targets (patch 0044's STEP_LIMIT; the decode-only steps
+# after it bring the average back to the target); on 2 CPU cores a step's cost moves with whatever else runs, so the
+# worst gap is held to 4 targets here.
+K = 4
 
 
 def test_a_stream_keeps_its_pace_beside_a_long_prompt_with_the_same_tokens(tiny_deepseek4: Path) -> None:
@@ -69,7 +71,7 @@ def test_serve_and_doctor_say_the_scheduling(tiny_deepseek4: Path, pyllm_home: P
     started = run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--detach", "--name", "sched", timeout=300)
     try:
         assert started.returncode == 0, started.stderr
-        assert f"scheduling: decoding streams keep a token about every {TARGET_MS} ms" in started.stderr
+        assert f"scheduling: decoding streams keep a token every {TARGET_MS} ms on average" in started.stderr
         (entry,) = json.loads(run_pyllm("ps", "--json", check=True).stdout)
         argv = (pyllm_home / "servers" / "sched" / "server.log").read_text().split("starting llama-server: ")[1].split()
         assert argv[argv.index("--decode-latency-target") + 1] == str(TARGET_MS) and argv[argv.index("--batch-size") + 1] == "512"

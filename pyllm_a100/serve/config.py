@@ -213,8 +213,8 @@ class ServerConfig:
         step = f"prompt steps of at most {o.batch_size} tokens" if o.batch_size else "llama-server's prompt steps"
         if not o.decode_latency_target:
             return f"{step}; no decode latency target (a long prompt stalls decoding streams)"
-        return (f"decoding streams keep a token about every {o.decode_latency_target} ms while prompts are prefilled "
-                f"(--decode-latency-target; 0: off), {step}")
+        return (f"decoding streams keep a token every {o.decode_latency_target} ms on average while prompts are "
+                f"prefilled (--decode-latency-target; 0: off), {step}")
 
     # -- what a detached supervisor runs: this object, not the request resolved a second time
 

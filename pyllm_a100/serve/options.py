@@ -21,9 +21,11 @@ LLAMA_SIZING_FLAGS = {
     "slots": frozenset({"-np", "--parallel"}),
     "pool": frozenset({"-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified", "--kv-unified-per-slot"}),
 }
-# Co-tenancy (issue 55; patch 0044): decoding streams keep a token every 100 ms while a prompt is prefilled, in
-# steps of at least 64 prompt tokens; a step takes at most 512 prompt tokens when nobody decodes (llama.cpp: 2048),
-# which cost a 64k prefill nothing measurable on the H200 (41.0 vs 41.1 s) and bounds a newcomer's wait to one step.
+# Co-tenancy (issue 55; patch 0044): while a prompt is prefilled, decoding streams get a token every 100 ms on average
+# (prompt steps of up to 3 targets, decode-only steps between them), steps of at least 64 prompt tokens; a step takes
+# at most 512 prompt tokens (llama.cpp: 2048), which cost a 64k prefill nothing measurable on the H200 (41.0 vs 41.1
+# s) and bounds a newcomer's wait. Measured (docs/performance.md): 100 ms keeps 14 % of a stream's solo speed at a
+# 1.39x prefill, 50 ms 28 % at 1.78x; time-slicing one GPU cannot give both 25 % and 1.15x.
 DEFAULT_DECODE_LATENCY_TARGET = 100
 DEFAULT_PREFILL_MIN_CHUNK = 64
 DEFAULT_BATCH_SIZE = 512
@@ -60,10 +62,11 @@ class ServeOptions:
     queue_timeout: int = option(DEFAULT_QUEUE_TIMEOUT, "Seconds a request may wait for room in the KV pool before it "
                                                          "gets HTTP 503 with Retry-After (0: wait as long as it takes).")
     decode_latency_target: int | None = option(
-        DEFAULT_DECODE_LATENCY_TARGET, "Milliseconds between the tokens of the requests that are decoding, kept while "
-        "others' prompts are prefilled: each step takes only the prompt tokens that fit (the server measures its own "
-        "step costs), so one long prompt no longer stalls every stream. 0: llama.cpp's own scheduling (each step "
-        "takes a full --batch-size of prompt).")
+        DEFAULT_DECODE_LATENCY_TARGET, "Average milliseconds between the tokens of the requests that are decoding while "
+        "others' prompts are prefilled: prompts advance in steps of up to 3 targets, with decode-only steps between "
+        "them (the server measures its own step costs), so one long prompt no longer stalls every stream. Lower: faster "
+        "streams, slower prefill (50: a stream keeps ~28 % of its speed, the prefill takes ~1.8x). 0: llama.cpp's own "
+        "scheduling (each step takes a full --batch-size of prompt).")
     prefill_min_chunk: int | None = option(
         DEFAULT_PREFILL_MIN_CHUNK, "Prompt tokens a step takes at least while others decode: the floor that keeps a "
         "long prefill efficient when --decode-latency-target is tight.")
