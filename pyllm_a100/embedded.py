@@ -119,6 +119,10 @@ def _devices(rpc: str | Sequence[object] | None) -> list[int] | None:
 
     if rpc is None:
         return rpc_devices.local_gpus() if rpc_devices.any_added() else None
+    if build_info().get("cuda"):  # docs/serving.md: checked on the CPU build; on the GPU build it aborted at start
+        raise InProcessUnsupported(
+            f"Llama(rpc={rpc!r}): in-process RPC is not yet supported on a CUDA build (its first run on a GPU aborted "
+            "while loading): serve the model with `pyllm serve MODEL --rpc HOST:PORT,...` and use its OpenAI endpoint")
     endpoints = parse_endpoints(rpc if isinstance(rpc, str) else ",".join(map(str, rpc)))
     return rpc_devices.add_workers(endpoints) + rpc_devices.local_gpus()
 
