@@ -9,6 +9,7 @@ machine's GPUs; a ``Llama`` without ``rpc=`` stays off the workers another one a
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from collections.abc import Sequence
 
@@ -26,6 +27,7 @@ def _library(name: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(native_dir() / name))
 
 
+@functools.cache
 def _ggml() -> ctypes.CDLL:
     lib = _library("libggml.so")
     lib.ggml_backend_dev_count.restype = ctypes.c_size_t
@@ -43,13 +45,19 @@ def _ggml() -> ctypes.CDLL:
     return lib
 
 
+@functools.cache
+def _rpc() -> ctypes.CDLL:
+    lib = _library("libggml-rpc.so")
+    lib.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
+    lib.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+    return lib
+
+
 def add_workers(endpoints: Sequence[object]) -> list[int]:
     """The devices of these rpc-server workers, registered once per process; each worker must answer the RPC
     handshake first (a dead worker is one line, never an abort inside llama.cpp)."""
     ggml = _ggml()
-    rpc = _library("libggml-rpc.so")
-    rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
-    rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+    rpc = _rpc()
     devices: list[int] = []
     with _lock:
         for endpoint in endpoints:
