@@ -190,6 +190,16 @@ def test_v4_flash_one_layer_is_written_with_bounded_memory_and_llama_cpp_produce
     (tmp_path / "progress.json").write_text(json.dumps([(p.phase, p.loaded, p.seconds) for p in progress]))
 
 
+def test_peak_rss_is_the_writers_own_not_its_parents(tmp_path: Path) -> None:
+    """Linux keeps ru_maxrss across exec: a writer started by a big process (the test runner after hundreds of tests)
+    reported the parent's resident memory as its own peak (643-659 MiB in CI for a ~250 MiB writer)."""
+    ballast = b"\x01" * (700 << 20)  # resident in this process when the writer is forked
+    result = run_pyllm("synth", "tiny-deepseek4", "-o", str(tmp_path / "t.gguf"), timeout=300)
+    assert result.returncode == 0 and len(ballast) == 700 << 20, result.stderr
+    peak_mib = int(re.search(r"peak RSS (\d+) MiB", result.stdout)[1])
+    assert peak_mib < 400, result.stdout
+
+
 def server_completion(server) -> dict:
     import httpx
 
