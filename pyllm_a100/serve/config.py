@@ -195,10 +195,9 @@ class ServerConfig:
         o = self.options
         theirs = o.scheduled_after_dashes  # the user's flags after -- win, and are not passed twice
         argv: list[str] = []
-        for name, flag in (("batch_size", "--batch-size"), ("decode_latency_target", "--decode-latency-target"),
-                           ("prefill_min_chunk", "--prefill-min-chunk")):
+        for name, flags in LLAMA_SCHEDULING_FLAGS.items():  # passed in its long spelling (--batch-size, not -b)
             if getattr(o, name) is not None and name not in theirs:
-                argv += [flag, str(getattr(o, name))]
+                argv += [max(flags, key=len), str(getattr(o, name))]
         return argv
 
     @property

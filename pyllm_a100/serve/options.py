@@ -122,14 +122,17 @@ class ServeOptions:
     def sized_after_dashes(self) -> frozenset[str]:
         """What the user's own llama-server flags after ``--`` size: "ctx" (-c), "slots" (-np), "pool" (-kvu...).
         What they size is theirs: serve then plans no pool and passes only what they left out."""
-        given = {arg.partition("=")[0] for arg in self.extra_args}
-        return frozenset(what for what, flags in LLAMA_SIZING_FLAGS.items() if given & flags)
+        return self._given_after_dashes(LLAMA_SIZING_FLAGS)
 
     @property
     def scheduled_after_dashes(self) -> frozenset[str]:
         """The scheduling options (batch_size, ...) the user's own llama-server flags after ``--`` set."""
+        return self._given_after_dashes(LLAMA_SCHEDULING_FLAGS)
+
+    def _given_after_dashes(self, table: dict[str, frozenset[str]]) -> frozenset[str]:
+        """The keys of ``table`` whose llama-server flags appear after ``--`` (``-c 4096`` or ``--ctx-size=4096``)."""
         given = {arg.partition("=")[0] for arg in self.extra_args}
-        return frozenset(name for name, flags in LLAMA_SCHEDULING_FLAGS.items() if given & flags)
+        return frozenset(key for key, flags in table.items() if given & flags)
 
     def cli_args(self) -> list[str]:
         """`pyllm serve` options for the values that differ from the defaults (a systemd unit's command line);
