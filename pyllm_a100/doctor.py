@@ -19,8 +19,8 @@ from typing import Any
 from .models.gguf_files import resolve_model
 from .devices.gpus import GPU, driver, visible_gpus
 from .llamacpp.native import binary, build_info
-from .models.roofline import weights_per_token
-from .serve.config import DEFAULT_PARALLEL
+from .planning.roofline import weights_per_token
+from .serve.options import DEFAULT_PARALLEL
 
 MARGIN_MIB = 1024  # free memory llama.cpp's --fit keeps per GPU by default
 
@@ -197,9 +197,9 @@ def _scheduling_finding() -> Finding:
 
 
 def _capacity_finding(report: dict[str, Any], files: Any, gpus: list[GPU]) -> Finding:
-    """The KV pool and slots pyllm serve would plan on these GPUs (models/capacity.py), as serve prints it."""
-    from .models import capacity
-    from .models.memplan import local_shape
+    """The KV pool and slots pyllm serve would plan on these GPUs (planning/capacity.py), as serve prints it."""
+    from .planning import capacity
+    from .planning.memplan import local_shape
 
     if gpus:
         budget = capacity.Budget.gpus([g.memory_total for g in gpus], [g.memory_total - g.memory_free for g in gpus])
@@ -215,14 +215,15 @@ def _capacity_finding(report: dict[str, Any], files: Any, gpus: list[GPU]) -> Fi
 
 
 def rpc_report(spec: str) -> list[dict[str, Any]]:
-    """Each rpc-server worker: its protocol version and devices with memory (llama.cpp's own listing)."""
-    from .serve.rpc import hello, list_devices, parse_endpoints
+    """Each rpc-server worker: its protocol version and devices with memory (asked as llama.cpp's client asks)."""
+    from .rpc.devices import worker_devices
+    from .rpc.protocol import parse_endpoints, probe
 
     workers = []
     for endpoint in parse_endpoints(spec):
-        version = ".".join(map(str, hello(endpoint)))
-        devices = [dataclasses.asdict(d) for d in list_devices([endpoint]) if d.name.startswith("RPC")]
-        workers.append({"endpoint": str(endpoint), "version": version, "devices": devices})
+        worker = probe(endpoint)
+        devices = [{k: v for k, v in dataclasses.asdict(d).items() if k != "gpu"} for d in worker_devices([worker])]
+        workers.append({"endpoint": str(endpoint), "version": ".".join(map(str, worker.version)), "devices": devices})
     return workers
 
 
@@ -295,7 +296,7 @@ def hub_shapes(repo: str, *, token: str | None = None, revision: str | None = No
     """One memplan.Shape per GGUF shard set in a hub repo: sizes from the listing, hparams from shard 1's header."""
     from .models.fetch import is_sidecar, list_remote, quant_of, shard_sets
     from .models.gguf_remote import remote_header
-    from .models.memplan import hub_shape
+    from .planning.memplan import hub_shape
 
     commit, files = list_remote(repo, revision=revision, token=token)
     sizes = {f.path: f.size for f in files}
@@ -318,7 +319,7 @@ def hub_shapes(repo: str, *, token: str | None = None, revision: str | None = No
 def plan_gpus(gpus: str) -> tuple[Any, list[int] | None]:
     """doctor --gpus: ``8x80`` plans for GPUs that need not be here (COUNTxGIB); ``0-3``, ``4-7``, ``2`` (serve --gpus's
     form, nvidia-smi numbers) plans for those GPUs of this machine: their count and the smallest one's memory (NVML)."""
-    from .models.memplan import GpuSpec, parse_gpus
+    from .planning.memplan import GpuSpec, parse_gpus
 
     if not re.fullmatch(r"[\d\s,-]+", gpus or ""):
         return parse_gpus(gpus), None
@@ -331,7 +332,7 @@ def plan_gpus(gpus: str) -> tuple[Any, list[int] | None]:
 
 def _plan_budget(spec: Any, devices: list[int] | None) -> Any:
     """What pyllm serve would plan against: these GPUs of this machine as NVML sees them now, or COUNTxGIB empty."""
-    from .models.capacity import Budget
+    from .planning.capacity import Budget
 
     if devices is not None:
         from .devices.gpus import nvml_gpus
@@ -342,10 +343,10 @@ def _plan_budget(spec: Any, devices: list[int] | None) -> Any:
 
 
 def _capacity_row(shape: Any, target: str, spec: Any, budget: Any, slots: int) -> tuple[Any, Any]:
-    """A memory-plan row at the capacity plan's pool (models/capacity.py) and that plan; the serve command needs no
+    """A memory-plan row at the capacity plan's pool (planning/capacity.py) and that plan; the serve command needs no
     --ctx-per-slot or --parallel: serve plans the same."""
-    from .models import capacity
-    from .models.memplan import plan_row
+    from .planning import capacity
+    from .planning.memplan import plan_row
 
     plan = capacity.plan(shape, budget, slots=None if slots == DEFAULT_PARALLEL else slots)
     row = plan_row(shape, target, spec, *plan.streams)
@@ -362,7 +363,7 @@ def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: in
                 layers: int | None = None, experts: int | None = None, token: str | None = None) -> dict[str, Any]:
     """Per quantization: weights, KV at ctx x slots, compute, per-GPU total, fits, and a serve command that fits."""
     from .errors import InvalidArgument
-    from .models.memplan import CUDA_OVERHEAD_MIB, FIT_MARGIN_MIB, local_shape, parse_gpus, plan_row, preset_shapes
+    from .planning.memplan import CUDA_OVERHEAD_MIB, FIT_MARGIN_MIB, local_shape, parse_gpus, plan_row, preset_shapes
 
     spec, devices = plan_gpus(gpus)
     slots = (1 if ctx_size is not None else DEFAULT_PARALLEL) if parallel is None else parallel

@@ -21,7 +21,7 @@ from typing import Any
 
 from .llamacpp.bindings import llama_cpp_module
 from .llamacpp.native import build_info
-from .llamacpp.rpc_devices import device_array as rpc_device_array
+from .rpc.inprocess import device_array as rpc_device_array
 from .devices.splits import check_against_devices, parse_tensor_split
 from .errors import InvalidArgument, ModelError
 from .models.drafts import DraftError, InProcessUnsupported, check_n_max, refuse_as_model
@@ -112,19 +112,18 @@ def _pending_values(**values: Any):
 
 
 def _devices(rpc: str | Sequence[object] | None) -> list[int] | None:
-    """The model's device list: the workers' devices first, then this machine's GPUs (llama.cpp's --rpc order);
-    None (llama.cpp's default: every registered device) while no worker was added in this process."""
-    from .llamacpp import rpc_devices
-    from .llamacpp.rpc_protocol import parse_endpoints
+    """The model's device list (rpc.inprocess.model_devices: the order serve's llama-server gives its model);
+    None while no worker was added in this process."""
+    from .rpc import inprocess
+    from .rpc.protocol import parse_endpoints
 
     if rpc is None:
-        return rpc_devices.local_gpus() if rpc_devices.any_added() else None
+        return inprocess.model_devices(None)
     if build_info().get("cuda"):  # docs/serving.md: checked on the CPU build; on the GPU build it aborted at start
         raise InProcessUnsupported(
             f"Llama(rpc={rpc!r}): in-process RPC is not yet supported on a CUDA build (its first run on a GPU aborted "
             "while loading): serve the model with `pyllm serve MODEL --rpc HOST:PORT,...` and use its OpenAI endpoint")
-    endpoints = parse_endpoints(rpc if isinstance(rpc, str) else ",".join(map(str, rpc)))
-    return rpc_devices.add_workers(endpoints) + rpc_devices.local_gpus()
+    return inprocess.model_devices(parse_endpoints(rpc if isinstance(rpc, str) else ",".join(map(str, rpc))))
 
 
 def default_gpu_layers() -> int:

@@ -34,6 +34,11 @@ def home() -> Path:
     return path
 
 
+def servers_dir() -> Path:
+    """Where managed servers and workers keep their folders: ``$PYLLM_HOME/servers``."""
+    return home() / "servers"
+
+
 def private_dir(path: Path) -> Path:
     """Create ``path`` (and missing parents) as 0700; an existing folder of ours is narrowed to 0700."""
     missing = []

@@ -47,7 +47,8 @@ def test_tune_measures_candidates_and_prints_a_serve_command(tiny_deepseek4: Pat
 
 
 def test_tune_keeps_the_defaults_unless_beaten_by_more_than_noise() -> None:
-    from pyllm_a100.bench.throughput import BenchResult, Candidate, TuneRow, winner
+    from pyllm_a100.bench.run import BenchResult
+    from pyllm_a100.bench.tune import Candidate, TuneRow, winner
 
     def row(label: str, decode: float) -> TuneRow:
         result = BenchResult("http://x", 512, 64, 1, 2, prefill_tps=1000.0, decode_tps=decode, ttft_s=0.1, throughput_tps=decode, wall_s=1.0)
@@ -93,7 +94,7 @@ def test_bench_starts_one_server_per_parallel_value(tiny_deepseek4: Path) -> Non
         ("default", 1), ("default", 2), ("2", 1), ("2", 2), ("2u", 1), ("2u", 2)]
     assert all(r["failures"] == 0 and r["aggregate_tps"] > 0 for r in report["levels"])
     argv = report["servers"]
-    from pyllm_a100.serve.config import DEFAULT_PARALLEL
+    from pyllm_a100.serve.options import DEFAULT_PARALLEL
 
     default = argv["default"]  # pyllm serve's plan: DeepSeek-V4's caches are per sequence, so no --kv-unified
     assert default[default.index("--parallel") + 1] == str(DEFAULT_PARALLEL) and "--kv-unified" not in default
@@ -188,7 +189,7 @@ def test_url_cannot_take_server_side_options() -> None:
 
 
 def test_projection_follows_the_formula() -> None:
-    from pyllm_a100.bench.draft_costs import VerifyCost, draft_ms_per_token, expected_tokens, projection
+    from pyllm_a100.bench.verify import VerifyCost, draft_ms_per_token, expected_tokens, projection
 
     assert expected_tokens(0.0, 7) == 1.0 and expected_tokens(1.0, 7) == 8.0 and expected_tokens(0.5, 1) == 1.5
     cost = VerifyCost(depth=512, decode_ms=10.0, rows=[{"k": k, "ms": 10.0 + k, "ratio": (10.0 + k) / 10} for k in range(1, 5)],
@@ -201,7 +202,7 @@ def test_projection_follows_the_formula() -> None:
 
 
 def test_the_ceiling_is_the_best_length_over_its_cost() -> None:
-    from pyllm_a100.bench.draft_costs import ceiling, expected_tokens
+    from pyllm_a100.bench.verify import ceiling, expected_tokens
 
     # DeepSeek-V4's real 256 experts: the weights a k-token forward reads (lab/results/gpu-multitoken-shapes.json)
     weights = {1: 1.0, 2: 1.209, 3: 1.414, 4: 1.613, 5: 1.81, 8: 2.366}
@@ -217,7 +218,7 @@ def test_sse_payloads_split_on_newlines_only() -> None:
     """A token that decodes to U+2028 or U+0085 sits unescaped in llama-server's JSON: it must not cut the line."""
     import httpx
 
-    from pyllm_a100.bench.throughput import sse_data
+    from pyllm_a100.bench.client import sse_data
 
     body = 'data: {"content": "a\u2028b\u0085c"}\n\ndata: {"stop": true}\n\n'.encode()
     payloads = [json.loads(d) for d in sse_data(httpx.Response(200, content=body))]

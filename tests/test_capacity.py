@@ -1,4 +1,4 @@
-"""The KV pool and slots serve plans from memory (models/capacity.py), and the llama-server flags that carry it."""
+"""The KV pool and slots serve plans from memory (planning/capacity.py), and the llama-server flags that carry it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pyllm_a100.models import capacity, memplan
+from pyllm_a100.planning import capacity, memplan
 
 GIB = 1 << 30
 
@@ -52,27 +52,27 @@ def test_cpu_budget_is_a_stated_share_of_available_memory(tiny_models: dict[str,
 
 
 def test_serve_argv_carries_the_plan_and_sizing_after_dashes_is_the_users(tiny_models: dict[str, Path]) -> None:
-    from pyllm_a100.serve.config import make_config
+    from pyllm_a100.serve.resolve import resolve
     from pyllm_a100.serve.options import ServeOptions
 
     llama = tiny_models["tiny-llama"]
-    argv = make_config(ServeOptions(llama, port=0)).to_argv("llama-server")
+    argv = resolve(ServeOptions(llama, port=0)).to_argv("llama-server")
     assert argv[argv.index("--parallel") + 1] == "16" and "--kv-unified" in argv
     assert argv[argv.index("--kv-unified-per-slot") + 1] == "4096" and argv[argv.index("--queue-timeout") + 1] == "600"
-    explicit = make_config(ServeOptions(llama, port=0, parallel=2, ctx_size=2048)).to_argv("llama-server")
+    explicit = resolve(ServeOptions(llama, port=0, parallel=2, ctx_size=2048)).to_argv("llama-server")
     assert explicit[explicit.index("--ctx-size") + 1] == "2048" and explicit.count("--parallel") == 1
-    theirs = make_config(ServeOptions(llama, port=0, extra_args=["-c", "1024", "-np", "3"])).to_argv("llama-server")
+    theirs = resolve(ServeOptions(llama, port=0, extra_args=["-c", "1024", "-np", "3"])).to_argv("llama-server")
     assert theirs.count("--ctx-size") == 0 and "--kv-unified" not in theirs and theirs[-4:] == ["-c", "1024", "-np", "3"]
-    v4 = make_config(ServeOptions(tiny_models["tiny-deepseek4"], port=0, parallel=4)).to_argv("llama-server")
+    v4 = resolve(ServeOptions(tiny_models["tiny-deepseek4"], port=0, parallel=4)).to_argv("llama-server")
     assert "--kv-unified" not in v4 and v4[v4.index("--ctx-size") + 1] == str(4 * 4096)
 
 
 def test_a_pool_that_cannot_fit_the_memory_available_is_refused_naming_the_largest(tiny_models: dict[str, Path]) -> None:
     from pyllm_a100.errors import ServerConfigError
-    from pyllm_a100.serve.config import make_config
+    from pyllm_a100.serve.resolve import resolve
     from pyllm_a100.serve.options import ServeOptions
 
     with pytest.raises(ServerConfigError) as caught:
-        make_config(ServeOptions(tiny_models["tiny-glm-dsa"], port=0, ctx_size=2_000_000_000))
+        resolve(ServeOptions(tiny_models["tiny-glm-dsa"], port=0, ctx_size=2_000_000_000))
     message = str(caught.value)
     assert message.startswith("--ctx-size 2000000000: ") and "the largest pool that fits" in message and "\n" not in message

@@ -92,10 +92,10 @@ def test_serve_and_doctor_say_the_scheduling(tiny_deepseek4: Path, pyllm_home: P
 def test_scheduling_flags_after_dashes_are_the_users_and_passed_once(tiny_deepseek4: Path) -> None:
     """`pyllm serve m.gguf -- --decode-latency-target 5 -b 64`: llama-server gets the user's values, once each, and
     serve says the scheduling is theirs (it printed its own 100 ms before, and passed both)."""
-    from pyllm_a100.serve.config import make_config
+    from pyllm_a100.serve.resolve import resolve
     from pyllm_a100.serve.options import ServeOptions
 
-    cfg = make_config(ServeOptions(model=str(tiny_deepseek4), port=0,
+    cfg = resolve(ServeOptions(model=str(tiny_deepseek4), port=0,
                                    extra_args=["--decode-latency-target", "5", "-b", "64"]), require_api_key=False)
     argv = cfg.to_argv("llama-server")
     assert argv.count("--decode-latency-target") == 1 and argv[argv.index("--decode-latency-target") + 1] == "5"

@@ -109,14 +109,14 @@ def test_serve_drafts_two_tokens_a_step_unless_told(tiny_models: dict[str, Path]
     from pyllm_a100 import Server
     from pyllm_a100.bench.draft_exactness import greedy
     from pyllm_a100.models.drafts import DEFAULT_MAX
-    from pyllm_a100.serve.config import make_config
+    from pyllm_a100.serve.resolve import resolve
     from pyllm_a100.serve.options import ServeOptions
 
     model = tiny_models["tiny-deepseek4"]
     for draft in ("tiny-deepseek4-dspark", "tiny-deepseek4-mtp"):
-        assert make_config(ServeOptions(model, draft=str(draft_models[draft]), port=0)).draft.n_max == DEFAULT_MAX == 2
-    assert make_config(ServeOptions(model, draft=str(draft_models["tiny-deepseek4-dspark"]), draft_max=7, port=0)).draft.n_max == 7
-    simple = make_config(ServeOptions(model, draft=str(tiny_models["tiny-llama"]), port=0))
+        assert resolve(ServeOptions(model, draft=str(draft_models[draft]), port=0)).draft.n_max == DEFAULT_MAX == 2
+    assert resolve(ServeOptions(model, draft=str(draft_models["tiny-deepseek4-dspark"]), draft_max=7, port=0)).draft.n_max == 7
+    simple = resolve(ServeOptions(model, draft=str(tiny_models["tiny-llama"]), port=0))
     assert simple.draft.spec_type == "draft-simple" and simple.draft.n_max is None
     assert "--spec-draft-n-max" not in simple.draft.argv()
     with Server(model, draft=str(draft_models["tiny-deepseek4-dspark"]), port=0, ready_timeout=300) as server:
@@ -397,8 +397,8 @@ def test_bench_speculate_measures_the_draft_and_picks_the_best_length(tiny_model
                                                                       draft_models: dict[str, Path]) -> None:
     """issue 42 item 3: the DSpark pair end to end -- verify costs, the draft's own cost per step, the greedy tokens
     unchanged, and per acceptance the draft length whose projected tokens/s is the highest (0: no draft)."""
-    from pyllm_a100.bench.draft_length import acceptance_for
-    from pyllm_a100.bench.draft_costs import expected_tokens
+    from pyllm_a100.bench.speculate import acceptance_for
+    from pyllm_a100.bench.verify import expected_tokens
 
     result = run_pyllm("bench", "speculate", str(tiny_models["tiny-deepseek4"]), "--draft",
                        str(draft_models["tiny-deepseek4-dspark"]), "--draft-max", "3", "--depth", "32",
@@ -439,7 +439,7 @@ def test_bench_speculate_measures_the_draft_and_picks_the_best_length(tiny_model
     assert spec["choices"][2]["acceptance"] == pytest.approx(acceptance_for(2.9))
     # the weights each verify width must read, from the model's own header: 1 at k = 1, growing with the experts reached
     from pyllm_a100.models.gguf_files import resolve_model
-    from pyllm_a100.models.roofline import weights_per_token
+    from pyllm_a100.planning.roofline import weights_per_token
 
     weights = weights_per_token(resolve_model(tiny_models["tiny-deepseek4"]))
     floor = {r["k"]: r["weights"] for r in spec["verify"]["rows"]}
@@ -456,8 +456,8 @@ def test_a_choice_is_measured_at_its_acceptance_made_synthetic(tiny_models: dict
                                                                draft_models: dict[str, Path]) -> None:
     """The projection's best k served with llama-server's synthetic acceptance (--spec-synth-len E(a, k)): the random
     DSpark draft, which the target accepts nowhere on its own, yields about E(a, k) tokens a step there."""
-    from pyllm_a100.bench.draft_length import Choice, measure_choices, synthetic_args
-    from pyllm_a100.bench.draft_costs import expected_tokens
+    from pyllm_a100.bench.speculate import Choice, measure_choices, synthetic_args
+    from pyllm_a100.bench.verify import expected_tokens
     from pyllm_a100.models.drafts import resolve
     from pyllm_a100.models.gguf_files import resolve_model
 
@@ -484,7 +484,7 @@ def test_a_choice_is_measured_at_its_acceptance_made_synthetic(tiny_models: dict
 def test_a_draft_cost_is_the_line_through_two_lengths() -> None:
     """Two draft lengths give a cost per step and per drafted token; noise that makes the longer draft cheaper puts it
     all per step; one length (or two that drafted alike) falls back to the draft's kind."""
-    from pyllm_a100.bench.draft_length import draft_cost, draft_lengths
+    from pyllm_a100.bench.speculate import draft_cost, draft_lengths
 
     cost = draft_cost([(7.0, 4.4), (2.9, 2.5)], per_step=True)  # the sixteenth GPU run's DSpark, natively
     assert cost.per_token_ms == pytest.approx(1.9 / 4.1) and cost.fixed_ms == pytest.approx(4.4 - 7 * 1.9 / 4.1)

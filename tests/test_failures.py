@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pyllm_a100.serve import failures
-from pyllm_a100.serve.config import make_config
+from pyllm_a100.process import failures
+from pyllm_a100.serve.resolve import resolve
 from pyllm_a100.serve.options import ServeOptions
 
 
 @pytest.fixture
 def config(tiny_deepseek4: Path):
-    return make_config(ServeOptions(tiny_deepseek4, port=0, ctx_size=32768))
+    return resolve(ServeOptions(tiny_deepseek4, port=0, ctx_size=32768))
 
 
 CASES = {

@@ -115,7 +115,7 @@ def test_local_file_estimate_within_10_percent_of_llama_servers_buffers(tiny_mod
 
 def test_estimate_is_no_pass_when_nothing_was_logged(tiny_models: dict[str, Path]) -> None:
     from pyllm_a100.models.gguf_files import resolve_model
-    from pyllm_a100.models.memplan import estimate_vs_measured, local_shape
+    from pyllm_a100.planning.memplan import estimate_vs_measured, local_shape
 
     shape = local_shape(resolve_model(tiny_models["tiny-glm-dsa"]))
     assert estimate_vs_measured(shape, "no buffer lines here", 2048, 1)["worst_error_pct"] is None
@@ -270,7 +270,7 @@ def test_estimate_is_within_ten_percent_of_the_gpu_run() -> None:
     the estimate for the same file, context and slots against NVML's used memory per GPU."""
     import json
 
-    from pyllm_a100.models import memplan
+    from pyllm_a100.planning import memplan
 
     run = json.loads((Path(__file__).resolve().parents[1] / "lab" / "results" / "gpu-check-2026-11-30-glm5.json")
                      .read_text())["steps"]["glm5"]["result"]
@@ -287,7 +287,7 @@ def test_estimate_is_within_ten_percent_of_the_gpu_run() -> None:
 def test_logged_buffers_keeps_each_rpc_worker_apart() -> None:
     """llama-server -lv 4 with two CPU rpc-workers (the CPU build, tiny-deepseek4): every worker's device is RPC0 on
     its own machine, so the buffer's name carries the endpoint."""
-    from pyllm_a100.models.memplan import logged_buffers
+    from pyllm_a100.planning.memplan import logged_buffers
 
     log = """load_tensors:   CPU_Mapped model buffer size =     1.00 MiB
 load_tensors: RPC0[127.0.0.1:50993] model buffer size =    24.65 MiB

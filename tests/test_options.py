@@ -10,19 +10,41 @@ from pathlib import Path
 import pytest
 
 from conftest import run_pyllm
-from pyllm_a100.serve.config import ServerConfig, make_config
+from pyllm_a100.serve.config import ServerConfig
+from pyllm_a100.serve.resolve import resolve
 from pyllm_a100.serve.options import ServeOptions
 
-# ServerConfig's own fields that share a name with an option: the values make_config resolves (a file, a free port,
-# parsed endpoints and split, checked GPUs, the draft's kind, the key file serve writes). Nothing else is repeated.
-RESOLVED = {"model", "port", "n_gpu_layers", "tensor_split", "rpc", "gpus", "draft", "api_key_file"}
+# ServerConfig's own fields that share a name with an option: the values resolve() resolves (a file, a free port,
+# parsed endpoints and split, the draft's kind). Nothing else is repeated: the GPUs --gpus chose are read from the one
+# list of devices, and the API key file is the request's (or the one its launch wrote).
+RESOLVED = {"model", "port", "n_gpu_layers", "tensor_split", "rpc", "draft"}
 
 
 def test_the_config_repeats_no_option_but_those_it_resolves() -> None:
     options = {f.name for f in dataclasses.fields(ServeOptions)}
     config = {f.name for f in dataclasses.fields(ServerConfig)}
     assert config & options == RESOLVED
-    assert len(inspect.signature(make_config).parameters) <= 4
+    assert len(inspect.signature(resolve).parameters) <= 4
+
+
+def test_the_resolved_config_cannot_be_changed_after_resolution(tiny_models: dict[str, Path], pyllm_home: Path) -> None:
+    """Resolved once, frozen: no field of the config (nor of the request inside it, nor of a launch) can be set."""
+    from pyllm_a100.serve import launch
+
+    config = resolve(ServeOptions(str(tiny_models["tiny-llama"]), port=0, extra_args=["-c", "512"]))
+    for f in dataclasses.fields(ServerConfig):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(config, f.name, getattr(config, f.name))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.options.port = 1  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        config.options.extra_args.append("--no-mmap")  # type: ignore[attr-defined]
+    prepared = launch.prepare(ServeOptions(str(tiny_models["tiny-llama"]), port=0, host="0.0.0.0", name="frozen"))
+    assert prepared.key_file is not None and prepared.target.api_key_file is None, "the key file is the launch's"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        prepared.target.port = 2  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        prepared.key_file = None  # type: ignore[misc]
 
 
 def test_serve_options_and_the_server_config_agree_on_every_shared_default(tiny_models: dict[str, Path]) -> None:
@@ -65,8 +87,11 @@ def test_a_detached_launch_runs_the_config_resolved_once(tiny_models: dict[str, 
         config = launch["resolved"]
         assert launch["kind"] == "server" and launch["port"] == 0 and config["port"] > 0
         assert config["model"] == str(tiny_models["tiny-llama"].resolve()) and config["capacity"]["slots"] >= 1
+        (entry,) = json.loads(run_pyllm("ps", "--json", check=True).stdout)  # request.json's view + state.json
+        assert entry["port"] == config["port"] and entry["plan"]["pool"] == config["capacity"]["pool"]
         state = json.loads((pyllm_home / "servers" / "once" / "state.json").read_text())
-        assert state["port"] == config["port"] and state["plan"]["pool"] == config["capacity"]["pool"]
+        assert state["port"] == config["port"] and "plan" not in state and "options" not in state, \
+            "state.json records what changes (and where it listens), not the resolved config again"
     finally:
         run_pyllm("stop", "once")
 

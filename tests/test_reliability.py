@@ -291,7 +291,7 @@ CUDA_ABORT_NO_GDB = CUDA_ABORT.split("[New LWP")[0] + (
 @pytest.mark.parametrize("text", [CUDA_ABORT, CUDA_ABORT_NO_GDB], ids=["gdb backtrace", "backtrace_symbols"])
 def test_a_cuda_abort_after_a_real_run_is_one_line_naming_kernel_and_error(servers, tiny_deepseek4: Path, pyllm_home: Path, text: str) -> None:
     """A real llama-server run's log, then the abort text appended as the crashing server prints it."""
-    from pyllm_a100.serve import failures
+    from pyllm_a100.process import failures
 
     log_path = pyllm_home / "servers" / "v4" / "server.log"
     server = servers.start(tiny_deepseek4, log_path=log_path)
@@ -396,7 +396,7 @@ def test_reliability_md_is_the_rendered_one() -> None:
 
 
 def test_path_flags_after_double_dash_are_made_absolute() -> None:
-    from pyllm_a100.serve.config import absolute_paths
+    from pyllm_a100.serve.llama_flags import absolute_paths
 
     args = ["-md", "draft.gguf", "--lora=a/x.gguf", "-c", "512", "--grammar-file", "/abs/g.gbnf", "--alias", "rel.gguf"]
     assert absolute_paths(args, cwd="/work/dir") == [

@@ -8,8 +8,8 @@ import pytest
 
 from pyllm_a100 import synth
 from pyllm_a100.models.gguf_files import resolve_model
-from pyllm_a100.models import roofline
-from pyllm_a100.models.roofline import weights_per_token
+from pyllm_a100.planning import roofline
+from pyllm_a100.planning.roofline import weights_per_token
 
 
 def test_active_bytes_count_the_used_experts_and_one_embedding_row(tmp_path: Path) -> None:

@@ -23,15 +23,15 @@ from conftest import run_pyllm, run_python
 @pytest.fixture
 def workers():
     """Start RpcWorkers on free loopback ports; all are stopped after the test."""
-    from pyllm_a100.serve.net import free_port
-    from pyllm_a100.serve.rpc import RpcWorker, WorkerConfig
+    from pyllm_a100.process.net import free_port
+    from pyllm_a100.rpc.worker import RpcWorker, WorkerOptions
 
     started = []
 
     def start(n: int = 1):
         out = []
         for _ in range(n):
-            worker = RpcWorker(WorkerConfig(port=free_port()), ready_timeout=60)
+            worker = RpcWorker(WorkerOptions(port=free_port()), ready_timeout=60)
             started.append(worker)
             out.append(worker.start())
         return out
@@ -103,7 +103,7 @@ def test_llama_in_process_splits_over_workers_and_keeps_the_tokens(workers, tiny
 
 
 def test_llama_refuses_a_worker_that_does_not_answer(tiny_deepseek4: Path) -> None:
-    from pyllm_a100.serve.net import free_port
+    from pyllm_a100.process.net import free_port
 
     port = free_port()
     result = run_python(f"from pyllm_a100 import Llama\nLlama({str(tiny_deepseek4)!r}, rpc='127.0.0.1:{port}')")
@@ -174,7 +174,7 @@ def test_non_loopback_binds_need_the_explicit_flag(host: str) -> None:
 
 
 def test_detached_worker_in_ps_doctor_and_stop(pyllm_home: Path) -> None:
-    from pyllm_a100.serve.net import free_port
+    from pyllm_a100.process.net import free_port
 
     port = free_port()
     started = run_pyllm("rpc-worker", "--port", str(port), "--detach", "--name", "w1", timeout=120)
@@ -214,7 +214,7 @@ def test_the_plan_spans_the_workers_and_ps_shows_each_devices_layers(workers, ti
         assert [d["name"] for d in devices] == ["RPC0", "RPC1"]
         assert [d["description"] for d in devices] == [str(a.config.endpoint), str(b.config.endpoint)]
         from pyllm_a100.models.gguf_files import resolve_model
-        from pyllm_a100.models.memplan import layer_devices
+        from pyllm_a100.planning.memplan import layer_devices
 
         n_layer = int(resolve_model(tiny_deepseek4).metadata["deepseek4.block_count"])
         where = layer_devices(n_layer, 2)[:-1]

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from .concurrency import percentile, reach, wave
-from .throughput import BenchError, stream_completion
+from .client import BenchError, stream_completion
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def compare(model: Any, levels: Sequence[int], load: Load, *, baseline_args: Seq
             baseline_binary: str | Path | None = None, on_level: Callable[[AgentLevel], None] | None = None,
             **server_options: Any) -> list[AgentLevel]:
     """pyllm serve's defaults, then the baseline (its own llama-server flags, optionally another binary), same model."""
-    from ..serve.config import check_server_binary
+    from ..serve.validate import check_server_binary
     from ..serve.server import Server
 
     if baseline_binary is not None:

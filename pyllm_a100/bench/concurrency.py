@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from .throughput import BenchError, Streamed, _vocab_size, check_ready, stream_completion
+from .client import BenchError, Streamed, _vocab_size, check_ready, stream_completion
 
 log = logging.getLogger(__name__)
 
@@ -204,8 +204,8 @@ def slot_context(prompt_tokens: int, gen_tokens: int) -> int:
 def server_ctx(slots: Slots, per_slot: int) -> int:
     """--ctx-size giving every slot ``per_slot`` tokens: with an explicit --parallel llama-server splits the
     context between the slots; a unified pool (also llama-server's own choice) is shared, so the same total."""
-    from ..serve.config import DEFAULT_PARALLEL
-    from ..models.capacity import AUTO_SLOTS
+    from ..serve.options import DEFAULT_PARALLEL
+    from ..planning.capacity import AUTO_SLOTS
 
     return per_slot * (slots.parallel or DEFAULT_PARALLEL or AUTO_SLOTS)
 

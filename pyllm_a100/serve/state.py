@@ -1,4 +1,7 @@
-"""Managed servers on disk: ``$PYLLM_HOME/servers/NAME/`` holds state.json, server.log, api_key.
+"""Managed servers on disk: ``$PYLLM_HOME/servers/NAME/`` holds request.json, state.json, server.log, api_key.
+
+request.json is written once, when the launch is prepared (persist.py); state.json records what changes while it
+runs (:class:`Live`: status, PIDs, restarts so far, load progress and figures) and where it listens, nothing else.
 
 The tree is private: folders 0700, files 0600 (logs hold prompts; the key file is a
 secret), as ssh and huggingface_hub's token do. state.json is replaced atomically (write
@@ -23,14 +26,12 @@ from typing import Any
 
 import psutil
 
-from ..errors import ServerConfigError, ServerNotFound, StateError
-from ..home import PRIVATE_DIR, PRIVATE_FILE, home, private_dir, write_json_atomic
+from ..errors import ServerNotFound, StateError
+from ..home import PRIVATE_DIR, PRIVATE_FILE, private_dir, servers_dir, write_json_atomic
+from .validate import NAME
 
 STATE = "state.json"
-
-
-def servers_dir() -> Path:
-    return home() / "servers"
+REQUEST = "request.json"
 
 
 def read_state(path: Path) -> dict[str, Any]:
@@ -53,8 +54,16 @@ def owner_record() -> dict[str, Any]:
     return {"supervisor_pid": me.pid, "started_at": me.create_time(), "cmdline_sha256": cmdline_digest(me.cmdline())}
 
 
+def read_view(directory: Path) -> dict[str, Any]:
+    """What `pyllm ps` shows of a launch, as request.json recorded it once (``{}`` when there is none)."""
+    view = read_state(directory / REQUEST).get("view")
+    return view if isinstance(view, dict) else {}
+
+
 @dataclasses.dataclass
 class ServerEntry:
+    """One listed server or worker; ``data`` is its launch's view (request.json) with the live state over it."""
+
     name: str
     directory: Path
     data: dict[str, Any]
@@ -98,29 +107,21 @@ class ServerEntry:
 
 
 def valid_name(name: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
+    """A server's name as `pyllm stop`, logs and the units take it (validate.NAME)."""
+    if not NAME.fullmatch(name):
         raise ServerNotFound(f"server name {name!r} must be letters, digits, '.', '_' or '-' (up to 64)")
-    return name
-
-
-def check_name(name: str) -> str:
-    """A ``--name`` given by the user, refused (exit 78) unless it is kept as given: pyllm stop/logs/metrics
-    find a server by that exact name (a name cleaned to another, 'has space' -> 'has-space', was not found)."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
-        raise ServerConfigError(f"--name {name!r}: use letters, digits, '.', '_' or '-', starting with a letter or digit, "
-                                "up to 64 (pyllm ps, stop and logs take the name as given)")
     return name
 
 
 def new_server_dir(base_name: str, reuse_failed: bool = False, exact: bool = False) -> Path:
     """A fresh folder for a server called ``base_name`` (or base_name-2, -3...), mode 0700.
 
-    ``exact``: ``base_name`` is the user's (checked by :func:`check_name`) and kept whole; a name made
+    ``exact``: ``base_name`` is the user's (checked by validate.check_name) and kept whole; a name made
     from the model's is cleaned and cut to 48 characters.
     ``reuse_failed``: a failed entry called exactly ``base_name`` is taken over (its logs are appended to),
     so a server restarted under its own name (a systemd unit's) keeps that name."""
     root = private_dir(servers_dir())
-    clean = check_name(base_name) if exact else re.sub(r"[^A-Za-z0-9._-]", "-", base_name)[:48].lstrip(".-_") or "server"
+    clean = base_name if exact else re.sub(r"[^A-Za-z0-9._-]", "-", base_name)[:48].lstrip(".-_") or "server"
     list_servers()  # drop stale entries first so their names are free again
     for i in range(1, 1000):
         name = clean if i == 1 else f"{clean}-{i}"
@@ -144,10 +145,45 @@ def save(directory: Path, data: dict[str, Any]) -> None:
     write_json_atomic(directory / STATE, data, mode=PRIVATE_FILE)
 
 
-def update(directory: Path, **changes: Any) -> None:
-    data = read_state(directory / STATE)
-    data.update(changes)
-    save(directory, data)
+class Live:
+    """state.json of one running launch: what changes (status, PIDs, restarts so far, progress, figures such as
+    load_seconds), and where it listens (kind, port, url); written atomically, load progress at most twice a second."""
+
+    def __init__(self, directory: Path, view: dict[str, Any]) -> None:
+        self.directory = directory
+        self.address = {key: view.get(key) for key in ("kind", "port", "url")}
+        self.figures: dict[str, Any] = {}  # kept in every write: load_seconds, ready_since, last_restart_reason, ...
+        self._saved = 0.0
+
+    def update(self, **figures: Any) -> None:
+        self.figures.update(figures)
+
+    def save(self, child: Any, status: str, **extra: Any) -> None:
+        save(self.directory, {
+            "name": self.directory.name,
+            "status": status,
+            **owner_record(),  # pid, start time, command line digest: `stop` signals only this process
+            # None once it has exited: while restarting, ps showed the PID of the llama-server that died
+            "server_pid": child.pid if child and child.proc and child.proc.returncode is None else None,
+            **self.address,
+            "restarts": child.restarts if child else 0,
+            "log": str(self.directory / "server.log"),
+            **self.figures,
+            **extra,
+        })
+        self._saved = time.monotonic()
+
+    def save_progress(self, child: Any, p: Any) -> None:
+        """The load's progress (throttled), or "ready" once it is."""
+        if p.phase == "ready" or time.monotonic() - self._saved > 0.5:
+            self.save(child, "ready" if p.phase == "ready" else "loading",
+                      progress={"phase": p.phase, "loaded": p.loaded, "total": p.total, "seconds": p.seconds})
+
+    def clear_unless_failed(self) -> None:
+        """A stopped launch leaves no state.json; a failed one stays listed (ps) until stopped or pruned."""
+        if read_state(self.directory / STATE).get("status") != "failed":
+            with contextlib.suppress(OSError):
+                (self.directory / STATE).unlink()
 
 
 def _remove(entry: ServerEntry) -> None:
@@ -170,7 +206,8 @@ def list_servers(clean: bool = True, prune: bool = False) -> tuple[list[ServerEn
         path = directory / STATE
         if not path.is_file():
             continue
-        entry = ServerEntry(directory.name, directory, read_state(path))
+        live = read_state(path)
+        entry = ServerEntry(directory.name, directory, {**read_view(directory), **live} if live else {})
         if entry.alive():
             kept.append(entry)
         elif entry.failed and not prune:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .gguf_files import ModelFiles
+from ..models.gguf_files import ModelFiles
 
 
 @dataclasses.dataclass(frozen=True)

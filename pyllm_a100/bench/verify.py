@@ -1,14 +1,14 @@
-"""What speculative decoding can win here: verify cost, measured draft acceptance and overhead, a projection.
+"""`pyllm bench verify`: what a speculative verify step costs, and what speculative decoding can win here.
 
 * verify cost (llama-bench): one forward of k tokens appended to a context of ``depth``
   tokens (``-p k -d depth``: one ``llama_decode`` of k tokens, ubatch 512 >= k) against one
   decode step (``-n N -d depth``: N single-token forwards, time / N);
-* a draft run (llama-server): the same prompts served without and with the draft's extra
-  llama-server arguments; llama-server's ``timings`` give ``draft_n`` and ``draft_n_accepted``;
 * a projection: with acceptance a per drafted token and k drafted tokens per step, a step
   yields E = (1 - a^(k+1)) / (1 - a) tokens and costs T_verify(k+1) + T_draft(k), so the
-  speedup over plain decoding is E * T_decode / (T_verify(k+1) + T_draft(k)).
+  speedup over plain decoding is E * T_decode / (T_verify(k+1) + T_draft(k)). `pyllm bench draft` (draft.py)
+  measures a draft's acceptance and overhead; `pyllm bench speculate` puts both together.
 """
+
 
 from __future__ import annotations
 
@@ -16,17 +16,13 @@ import dataclasses
 import json
 import logging
 import os
-import random
 import re
 import statistics
 import subprocess
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-import httpx
-
-from .throughput import BenchError, _vocab_size, check_ready, stream_completion
+from .client import BenchError
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +53,7 @@ class VerifyCost:
     depth: int  # tokens already in the context
     decode_ms: float  # one decode step: llama-bench tg (N single-token forwards) / N, median of the repetitions
     # {"k", "ms" (one forward of k tokens), "ratio" (ms / decode_ms), "weights" (the weight bytes that forward must
-    # read / one token's with independent routing: models/roofline.py read_ratio; "ratio" far above it is a kernel
+    # read / one token's with independent routing: planning/roofline.py read_ratio; "ratio" far above it is a kernel
     # paying per token, a little under it the one-token step's fixed costs)}
     rows: list[dict[str, float]]
     argv: list[str]
@@ -89,7 +85,7 @@ def verify_cost(model: str | os.PathLike[str], ks: Sequence[int], *, depth: int 
     runs. With 3, GLM-5's 2-token forward measured 1.55x a step against 1.17x (docs/performance.md)."""
     from ..llamacpp.native import binary
     from ..models.gguf_files import resolve_model
-    from ..models.roofline import weights_per_token
+    from ..planning.roofline import weights_per_token
 
     if not ks or any(k < 1 or k > MAX_K for k in ks):
         raise BenchError(f"--verify-cost: every k must be 1..{MAX_K}")
@@ -119,111 +115,6 @@ def verify_cost(model: str | os.PathLike[str], ks: Sequence[int], *, depth: int 
     rows = [{"k": k, "ms": median_ms[("pp", k)], "ratio": median_ms[("pp", k)] / decode, "weights": weights.read_ratio(k)}
             for k in ks]
     return VerifyCost(depth=depth, decode_ms=decode, rows=rows, argv=argv[1:], repetitions=repetitions)
-
-
-# --- a draft run (llama-server) -------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class DraftRun:
-    requests: int
-    draft_args: list[str]
-    plain_decode_tps: float  # median llama-server predicted_per_second without the draft
-    draft_decode_tps: float  # the same with the draft
-    drafted: int  # sum of draft_n
-    accepted: int  # sum of draft_n_accepted
-    acceptance: float  # accepted / drafted (0 when nothing was drafted)
-    steps: int  # verify steps: generated tokens - accepted - 1 per request (the first token comes from the prompt)
-    plain_step_ms: float  # one decode step without the draft
-    draft_step_ms: float  # one draft + verify step
-    overhead_ms: float  # draft_step_ms - plain_step_ms
-    same_tokens: bool  # temperature 0: the same token ids, up to batch-dependent rounding (docs/speculative.md)
-    first_difference: list[int | None]  # per request: the first token index where the two runs part (None: equal)
-
-    @property
-    def drafted_per_step(self) -> float:
-        return self.drafted / self.steps if self.steps else 0.0
-
-    @property
-    def tokens_per_step(self) -> float:
-        """Tokens a step yields: the accepted drafted tokens and the target's own."""
-        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
-
-    def as_row(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def _series(url: str, prompts: list[list[int]], gen_tokens: int) -> list[tuple[dict, list[int]]]:
-    """(timings, token ids) of one greedy completion per prompt, after an uncounted warm-up."""
-    from .draft_exactness import greedy
-
-    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0)) as client:
-        check_ready(client, url)
-        stream_completion(client, url, prompts[0][:8], 8)  # warm-up, not counted
-    out = []
-    for p in prompts:
-        try:
-            tokens, timings = greedy(url, p, gen_tokens)
-        except httpx.HTTPStatusError as exc:
-            raise BenchError(f"{url}/completion answered HTTP {exc.response.status_code}: {exc.response.text[:200]}") from exc
-        out.append((timings, tokens))
-    return out
-
-
-def draft_run(model: str | os.PathLike[str], draft_args: Sequence[str], *, prompt_tokens: int = 128, gen_tokens: int = 128,
-              requests: int = 3, seed: int = 0, log_dir: Path | None = None, **server_options: Any) -> DraftRun:
-    """The same prompts on the model served plainly, then with ``draft_args`` added to llama-server's argv."""
-    return draft_runs(model, [draft_args], prompt_tokens=prompt_tokens, gen_tokens=gen_tokens, requests=requests,
-                      seed=seed, log_dir=log_dir, **server_options)[0]
-
-
-def draft_runs(model: str | os.PathLike[str], variants: Sequence[Sequence[str]], *, prompt_tokens: int = 128,
-               gen_tokens: int = 128, requests: int = 3, seed: int = 0, log_dir: Path | None = None,
-               **server_options: Any) -> list[DraftRun]:
-    """The same prompts on the model served plainly (once), then once per entry of ``variants`` (llama-server
-    arguments added to its argv, e.g. one draft at two lengths): one DraftRun per variant, each against the plain run."""
-    from ..serve.server import Server
-
-    if not variants or not all(variants):
-        raise BenchError("--spec-args: give the draft's llama-server arguments, e.g. '-md draft.gguf --spec-type draft-simple'")
-    extra = list(server_options.pop("extra_args", ()))
-    ready_timeout = server_options.pop("ready_timeout", 3600)
-    ctx = max(4096, prompt_tokens + gen_tokens + 256)
-    results: list[list[tuple[dict, list[int]]]] = []
-    prompts: list[list[int]] = []
-    for i, args in enumerate([extra] + [extra + list(v) for v in variants]):
-        name = "spec-plain.log" if not i else "spec-draft.log" if len(variants) == 1 else f"spec-draft-{i}.log"
-        log_path = log_dir / name if log_dir else None
-        with Server(model, port=0, ctx_size=ctx, parallel=1, extra_args=args, log_path=log_path,
-                    ready_timeout=ready_timeout, **server_options) as srv:
-            if not prompts:
-                with httpx.Client() as client:
-                    n_vocab = _vocab_size(client, srv.base_url)
-                rng = random.Random(seed)
-                prompts = [[rng.randrange(10, max(11, n_vocab - 1)) for _ in range(prompt_tokens)] for _ in range(requests)]
-            results.append(_series(srv.base_url, prompts, gen_tokens))
-    plain_runs = results[0]
-    plain = [t for t, _ in plain_runs]
-    plain_tokens = sum(max(1, int(t.get("predicted_n", 0)) - 1) for t in plain)
-    plain_step = sum(float(t.get("predicted_ms", 0.0)) for t in plain) / plain_tokens
-    plain_tps = statistics.median(float(t.get("predicted_per_second", 0.0)) for t in plain)
-    out = []
-    for draft_args, draft_runs_ in zip(variants, results[1:]):
-        draft = [t for t, _ in draft_runs_]
-        drafted = sum(int(t.get("draft_n", 0)) for t in draft)
-        accepted = sum(int(t.get("draft_n_accepted", 0)) for t in draft)
-        steps = sum(max(1, int(t.get("predicted_n", 0)) - int(t.get("draft_n_accepted", 0)) - 1) for t in draft)
-        draft_step = sum(float(t.get("predicted_ms", 0.0)) for t in draft) / steps
-        out.append(DraftRun(
-            requests=requests, draft_args=list(draft_args),
-            plain_decode_tps=plain_tps,
-            draft_decode_tps=statistics.median(float(t.get("predicted_per_second", 0.0)) for t in draft),
-            drafted=drafted, accepted=accepted, acceptance=accepted / drafted if drafted else 0.0, steps=steps,
-            plain_step_ms=plain_step, draft_step_ms=draft_step, overhead_ms=draft_step - plain_step,
-            same_tokens=all(a == b for (_, a), (_, b) in zip(plain_runs, draft_runs_)),
-            first_difference=[next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-                              for (_, a), (_, b) in zip(plain_runs, draft_runs_)]))
-    return out
 
 
 # --- projection ---------------------------------------------------------------------------

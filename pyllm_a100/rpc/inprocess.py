@@ -14,8 +14,9 @@ import threading
 from collections.abc import Sequence
 
 from ..errors import RpcError
-from .native import native_dir
-from .rpc_protocol import hello
+from ..llamacpp.native import native_dir
+from .devices import in_model_order
+from .protocol import hello
 
 _lock = threading.Lock()
 _added: dict[str, list[int]] = {}  # endpoint -> its devices (ggml_backend_dev_t), in the worker's order
@@ -87,6 +88,16 @@ def local_gpus() -> list[int]:
     devices = [d for d in devices if d not in workers and not (ggml.ggml_backend_dev_name(d) or b"").startswith(b"RPC")]
     gpus = [d for d in devices if ggml.ggml_backend_dev_type(d) == _GPU]
     return gpus or [d for d in devices if ggml.ggml_backend_dev_type(d) == _IGPU]
+
+
+def model_devices(endpoints: Sequence[object] | None) -> list[int] | None:
+    """A model's device list, in the order llama.cpp gives a model its devices (devices.in_model_order): the workers'
+    first, then this machine's GPUs; None (llama.cpp's default: every registered device) while no worker was
+    added in this process and none is asked."""
+    if endpoints is None:
+        return local_gpus() if any_added() else None
+    workers = add_workers(endpoints)
+    return in_model_order(workers + local_gpus(), set(workers).__contains__)
 
 
 def device_array(devices: Sequence[int]) -> ctypes.Array:

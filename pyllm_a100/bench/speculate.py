@@ -2,12 +2,12 @@
 
 Three measurements of the user's model on the user's GPUs, one after the other:
 
-* the verify cost of k = 1 .. draft_max + 1 tokens per forward (llama-bench, draft_costs.verify_cost);
+* the verify cost of k = 1 .. draft_max + 1 tokens per forward (llama-bench, verify.verify_cost);
 * draft runs (llama-server without the draft, then with it at two lengths: --draft-max and about half of it,
-  draft_costs.draft_runs): the step with the draft, the tokens it drafted and had accepted, and whether the greedy
+  draft.draft_runs): the step with the draft, the tokens it drafted and had accepted, and whether the greedy
   tokens stayed the same;
 * the draft's own cost, from those: the step with it minus the step without it, minus the extra verify cost of the
-  tokens it drafted (draft_costs.draft_ms_per_step), at both lengths; a line through the two gives a cost per step
+  tokens it drafted (verify.draft_ms_per_step), at both lengths; a line through the two gives a cost per step
   and a cost per drafted token (draft_cost). An MTP block or a small model drafts token by token; a DSpark/DFlash draft
   proposes its block in one pass but still pays per position (on an H200 running the sm_80 code, DSpark's cost on the
   4-layer DeepSeek-V4 grew ~0.5 ms per drafted token, from 2.5 ms at 3 to 4.4 ms at 7: its Markov chain and sampling
@@ -27,12 +27,12 @@ measured 1.22-1.29x plain where the projection said up to 1.55x (docs/speculativ
 The acceptance this run measures comes from its own prompts (random token ids): a real draft on real text accepts far
 more, which is why the published lengths are the default.
 
-Beside each verify cost, the weights that forward must read against one token's (draft_costs.verify_cost's "weights",
+Beside each verify cost, the weights that forward must read against one token's (verify.verify_cost's "weights",
 from the model's own header): a MoE model's k tokens reach more experts than one (independently routed here; real
 routing, correlated between neighbouring tokens, reaches fewer). A measured cost far above it names a kernel that pays
 per token what it could pay per expert; one a little under it is normal, since a one-token step also pays launches and
 small kernels that do not grow with k (DeepSeek-V4, 256 experts, 8 tokens: 2.18x a step against 2.37x read). From
-those weights, each acceptance's ceiling (draft_costs.ceiling): the most any draft length could give if every verify
+those weights, each acceptance's ceiling (verify.ceiling): the most any draft length could give if every verify
 cost only its weights and drafting were free (DeepSeek-V4, 256 experts, 2.5 tokens a step: 1.40x at 2 drafted).
 """
 
@@ -43,9 +43,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ServerError
-from .draft_costs import (DraftRun, VerifyCost, ceiling, draft_ms_per_step, draft_runs, expected_tokens, projection,
-                          verify_cost)
-from .throughput import BenchError
+from .client import BenchError
+from .draft import DraftRun, draft_runs
+from .verify import VerifyCost, ceiling, draft_ms_per_step, expected_tokens, projection, verify_cost
 
 if TYPE_CHECKING:
     from ..models.drafts import Draft
@@ -92,7 +92,7 @@ class Choice:
     # not measured
     measured: dict[str, Any] | None = None
     # the most any draft length up to --draft-max could give at this acceptance if each verify forward cost only the
-    # weights it must read and drafting were free (draft_costs.ceiling): drafted tokens and x plain
+    # weights it must read and drafting were free (verify.ceiling): drafted tokens and x plain
     bound_k: int = 0
     bound_speedup: float = 1.0
 
@@ -144,7 +144,7 @@ class Speculation:
 
 
 def choose(source: str, a: float, cost: VerifyCost, draft: DraftCost, draft_max: int) -> Choice:
-    """The best draft length for acceptance a over the measured verify costs (draft_costs.projection's rows; k = 0:
+    """The best draft length for acceptance a over the measured verify costs (verify.projection's rows; k = 0:
     plain decoding)."""
     plain = 1000.0 / cost.decode_ms
     rows = projection(cost, acceptances=(a,), draft_ms_per_token=draft.per_token_ms, draft_ms_per_step=draft.fixed_ms)

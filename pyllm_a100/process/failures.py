@@ -49,7 +49,7 @@ def _logs_hint(log_path: Path | None) -> str:
     """`pyllm logs NAME` for a managed server's log, else the log's path."""
     if log_path is not None:
         try:
-            from .state import servers_dir
+            from ..home import servers_dir
 
             if log_path.parent.parent == servers_dir():
                 return f"`pyllm logs {log_path.parent.name}`"

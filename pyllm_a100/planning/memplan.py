@@ -269,7 +269,7 @@ class Row:
     note: str = ""
     llama_fit_mib: dict[str, dict[str, int]] | None = None  # llama-fit-params' own figure (local files)
     tensor_types: dict[str, int] = dataclasses.field(default_factory=dict)
-    capacity: dict[str, Any] | None = None  # the pool and slots pyllm serve would plan (models/capacity.py)
+    capacity: dict[str, Any] | None = None  # the pool and slots pyllm serve would plan (planning/capacity.py)
 
     @property
     def max_device(self) -> int:
@@ -392,7 +392,7 @@ def preset_shapes(preset_name: str, *, layers: int | None = None, experts: int |
 
 
 def local_shape(files: Any) -> Shape:
-    """A local GGUF (a :class:`~pyllm_a100.gguf_files.ModelFiles`): its own quantization, exact tensor bytes."""
+    """A local GGUF (a :class:`~pyllm_a100.models.gguf_files.ModelFiles`): its own quantization, exact tensor bytes."""
     label = str(files.metadata.get("pyllm.weight_type") or _file_type_name(files.metadata) or "file")
     shape = shape_from_tensors(label, files.architecture, files.metadata, files.tensor_bytes, files.tensor_types)
     shape.path, shape.files_bytes = str(files.first), files.total_bytes

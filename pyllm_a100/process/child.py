@@ -1,7 +1,7 @@
 """A supervised child process: start, wait until ready, stop; restarts after crashes.
 
-Shared by the managed llama-server (:class:`pyllm_a100.server.Server`) and the RPC
-worker (:class:`pyllm_a100.rpc.RpcWorker`); subclasses say what "ready" means and how to
+Shared by the managed llama-server (:class:`pyllm_a100.serve.server.Server`) and the RPC
+worker (:class:`pyllm_a100.rpc.worker.RpcWorker`); subclasses say what "ready" means and how to
 explain a death. The child gets SIGKILL if its owner dies (PR_SET_PDEATHSIG), so it
 never outlives the pyllm process, even one killed with SIGKILL.
 """
