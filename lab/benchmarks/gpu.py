@@ -71,7 +71,7 @@ def main() -> int:
     parser.add_argument("--verify-repeat", type=int, default=5)
     parser.add_argument("--depth", type=int, default=512, help="context depth of the verify-cost forwards")
     from lab.bench import dispatch as dsp
-    from lab.runs import stages
+    from lab.bench import stages
 
     dsp.add_arguments(parser)
     args = parser.parse_args()

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from lab.bench import a100check as ac
 from lab.bench import dispatch as dsp
 from lab.bench.native_view import native_view
-from lab.runs import stages
+from lab.bench import stages
 
 D = dsp.Dispatcher("a100")  # main() replaces it from --dispatch / --dispatch-shim
 PROMPT = "The capital of France is"

@@ -65,7 +65,7 @@ from lab.gpucheck.multi_gpu import row_split, two_gpus, two_gpus_in_process
 from lab.gpucheck.runner import LOGS, RESULTS, STEPS, finish, gpu_memory, step, synth_preset
 from lab.gpucheck.serving import (
     DRAFT_PAIRS, SERVING, doctor, drafts, glm5, memory_plan, nvfp4, serving_soak, serving_soak_v4, soak_glm5)
-from lab.runs import stages
+from lab.bench import stages
 
 
 def native_build(site: Path) -> Path:

@@ -19,7 +19,7 @@ import argparse, glob, json, os, re, shutil, subprocess, sys, tarfile, time
 
 from lab.bench.decode_switches import ENV_COLUMNS  # the BUILD+SWITCH names (decode_switches.SWITCHES)
 from lab.bench import dispatch as dsp  # BUILD@DISPATCH, the a100-dispatch shim, the reported capability
-from lab.runs import stages
+from lab.bench import stages
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PATCHES = sorted(glob.glob(os.path.join(os.environ.get("GPU_DECODE_PATCHES") or os.path.join(HERE, "..", "..", "vendor", "patches"), "*.patch")))

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from lab.bench import dispatch as dsp
 from lab.bench import multitoken as mt
-from lab.runs import stages
+from lab.bench import stages
 from pyllm_a100.home import write_json_atomic
 
 D = dsp.Dispatcher()  # main() replaces it from --dispatch / --dispatch-shim
