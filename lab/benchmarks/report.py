@@ -25,6 +25,7 @@ REPO = HERE.parents[1]
 from lab.bench.agents_table import AGENTS_TABLE
 from lab.bench.agents_table import render as agents_section
 from lab.bench.decode_results import summarize
+from lab.bench.jsonrows import dumps
 from lab.bench.multitoken import MULTITOKEN_SHAPES, MULTITOKEN_TABLE
 from lab.bench.multitoken import render_shapes as multitoken_shapes_section
 from lab.bench.multitoken import render as multitoken_section
@@ -53,7 +54,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.summarize_decode:
         summary = summarize(json.loads(args.summarize_decode.read_text()))
-        args.decode.write_text(json.dumps(summary, indent=1) + "\n")
+        args.decode.write_text(dumps(summary))
         print(f"wrote {args.decode}")
     decode = args.decode if args.decode.is_file() else None
     outputs = {args.write: render(args.results, decode)}

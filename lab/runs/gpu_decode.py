@@ -18,6 +18,7 @@ import argparse, glob, json, os, re, shutil, subprocess, sys, tarfile, time
 
 from lab.bench import dispatch as dsp  # BUILD@DISPATCH, the a100-dispatch shim, the reported capability
 from lab.bench import stages
+from lab.bench.jsonrows import dumps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PATCHES = sorted(glob.glob(os.path.join(os.environ.get("GPU_DECODE_PATCHES") or os.path.join(HERE, "..", "..", "vendor", "patches"), "*.patch")))
@@ -280,7 +281,7 @@ def stage_report(a, w, res):
             lines.append(f"  ops {k:<32} ok {v['ok']:>5} fail {v['fail']:>3} {v['summary']}")
     text, out = "\n".join(lines) + "\n", os.environ.get("OUT") or w
     os.makedirs(out, exist_ok=True)
-    json.dump(allres, open(os.path.join(out, "gpu-decode.json"), "w"), indent=1)
+    open(os.path.join(out, "gpu-decode.json"), "w").write(dumps(allres))  # lab/results/gpu-decode-raw.json
     open(os.path.join(out, "gpu-decode.txt"), "w").write(text)
     print(text)
 

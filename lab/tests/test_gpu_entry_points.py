@@ -191,3 +191,12 @@ def test_gguf_keep_layers_keeps_the_first_blocks_and_every_other_tensor(tiny_mod
     assert loaded.returncode == 0 and int(loaded.stdout) > 0, loaded.stderr[-1000:]
     refused = script("gguf-keep-layers", str(src), str(tmp_path / "none.gguf"), "0")
     assert refused.returncode == 2 and "keep 1 to" in refused.stderr and not (tmp_path / "none.gguf").exists()
+
+
+def test_the_helpers_never_import_the_runs_above_them() -> None:
+    """lab.runs imports lab.bench (and lab.tools, lab.benchmarks import it too), never the reverse."""
+    import re
+
+    for folder in ("bench", "tools", "benchmarks"):
+        for path in (REPO / "lab" / folder).glob("*.py"):
+            assert not re.search(r"^\s*(from lab\.runs|import lab\.runs|from lab import runs)", path.read_text(), re.M), path
