@@ -226,10 +226,6 @@ class Dispatcher:
     def split(self, spec: str) -> tuple[str, str]:
         return split_column(spec, self.default)
 
-    def describe(self) -> dict[str, object]:
-        return {"default": self.default, "shim": str(self._shim) if self._shim else None, "built_here": self.built,
-                "source": str(SHIM_SOURCE.relative_to(SHIM_SOURCE.parents[2]))}
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--dispatch and --dispatch-shim, the same on every GPU entry point."""
