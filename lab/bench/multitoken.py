@@ -65,7 +65,7 @@ def render(data: Mapping[str, Any] | None) -> str:
     32, the draft's cost, the best projected k. ``None`` (no results file yet): one line saying so."""
     if not data or not data.get("rows"):
         return ("Multi-token cost curves (verify of k tokens, N sequences, draft cost, speculative projection): not "
-                "measured yet (python -m lab.runs.gpu_multitoken writes lab/results/gpu-multitoken.json).\n")
+                "measured yet (lab/results/gpu-multitoken.json: python -m lab.runs.gpu_multitoken at commit cf107d3).\n")
     rows = list(data["rows"])
     big = max(r["layers"] for r in rows)
     main = [r for r in rows if r["layers"] == big]
@@ -161,7 +161,7 @@ def _render_ceilings(rows: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def render_shapes(data: Mapping[str, Any] | None) -> str:
-    """The generated section for the other shapes (a run of python -m lab.runs.gpu_multitoken over cut and real-expert files):
+    """The generated section for the other shapes (cut and real-expert files):
     k/1 per model, dispatch and build, and the weights a k-token forward reads against one token's."""
     if not data or not data.get("rows"):
         return ("Other shapes (DeepSeek-V4 with all 256 experts, GLM-5's 78 layers): not measured yet "
