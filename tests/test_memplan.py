@@ -266,7 +266,7 @@ def test_a_tensor_type_unknown_to_the_build_is_refused_before_llama_cpp_starts(t
 
 
 def test_estimate_is_within_ten_percent_of_the_gpu_run() -> None:
-    """Issue 18's criterion on the committed 2x H200 run of the real-shape GLM-5 (python -m lab.runs.gpu_check --only glm5):
+    """Issue 18's criterion on the committed 2x H200 run of the real-shape GLM-5 (lab.runs.gpu_check --only glm5, cf107d3):
     the estimate for the same file, context and slots against NVML's used memory per GPU."""
     import json
 

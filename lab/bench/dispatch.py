@@ -9,7 +9,7 @@ log line, ``Device 0: NVIDIA H200, compute capability 8.0, VMM: yes``: every res
 the ``reported_capability`` read back from it (reported_capability()).
 
 Columns: ``BUILD[+SWITCH...][@DISPATCH]``, e.g. ``pin``, ``patched``, ``pin@a100``, ``patched@a100``; a column
-without ``@`` takes the script's ``--dispatch`` (default native). Standard library only (lab/gpucheck/kld.py uses it).
+without ``@`` takes the script's ``--dispatch`` (default native). Standard library only.
 """
 
 from __future__ import annotations
@@ -226,10 +226,6 @@ class Dispatcher:
     def split(self, spec: str) -> tuple[str, str]:
         return split_column(spec, self.default)
 
-    def describe(self) -> dict[str, object]:
-        return {"default": self.default, "shim": str(self._shim) if self._shim else None, "built_here": self.built,
-                "source": str(SHIM_SOURCE.relative_to(SHIM_SOURCE.parents[2]))}
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """--dispatch and --dispatch-shim, the same on every GPU entry point."""
@@ -244,14 +240,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def from_args(args: argparse.Namespace, build_dir: str | os.PathLike[str] | None = None) -> Dispatcher:
     return Dispatcher(args.dispatch, args.dispatch_shim, build_dir)
 
-
-def reexec_with(dispatch: str, shim: str | os.PathLike[str] | None, argv: list[str]) -> None:
-    """For scripts that start llama.cpp in many places (python -m lab.runs.gpu_check, lab/benchmarks/gpu.py): run this
-    process again (``argv`` = [sys.executable, *sys.argv]) with the dispatch's LD_PRELOAD, so every child and
-    in-process library inherits it. Returns when the environment already has it."""
-    want = preload_env(dispatch, shim)
-    have = os.environ.get("LD_PRELOAD", "")
-    if want.get("LD_PRELOAD", have) == have:
-        return
-    env = dict(os.environ, **want, PYLLM_LAB_DISPATCH=dispatch)
-    os.execve(argv[0], argv, env)

@@ -129,5 +129,7 @@ def report(file: str | os.PathLike[str], heading: str, line: Callable[[dict], st
     out = os.environ.get("OUT")
     if out:
         os.makedirs(out, exist_ok=True)
-        Path(out, os.path.basename(file)).write_text(json.dumps(data, indent=1))
+        from lab.bench.jsonrows import dumps
+
+        Path(out, os.path.basename(file)).write_text(dumps(data))  # as lab/results keeps it
     return data

@@ -4,7 +4,7 @@
 slot and a slot count, sends one request (CUDA's memory pools grow on first use), and records
 per device: the estimate (:mod:`pyllm_a100.memplan`), the buffers llama-server logged (model,
 KV, compute), and on GPUs the memory NVML reports used minus the idle figure taken before the
-start. ``python -m lab.runs.gpu_check --only memory-plan`` runs it on the GPU machine; tests run it on the CPU.
+start. tests/test_memplan.py runs it on the CPU (the GPU run that used it: lab.runs.gpu_check at cf107d3).
 """
 
 from __future__ import annotations

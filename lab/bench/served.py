@@ -49,7 +49,7 @@ def add_arguments(ap: argparse.ArgumentParser, columns: str = "pyllm@a100,pyllm"
 def prepare(a: argparse.Namespace) -> None:
     """Import the build the run measures (see the module's docstring); re-executes with --site."""
     if a.site:
-        from lab.runs import stages
+        from lab.bench import stages
 
         if not (Path(a.site) / "pyllm_a100" / "_native").is_dir():
             raise SystemExit(f"--site {a.site}: no pyllm_a100/_native there: install the package with its build first "

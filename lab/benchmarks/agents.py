@@ -28,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lab.bench.jsonrows import dumps
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -62,7 +64,7 @@ def main() -> int:
                   command=shlex.join(Path(a).name if a == args.model else "PIN/llama-server" if a == str(args.pin_server) else a
                                      for a in argv))
     tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.write_text(dumps(result))
     tmp.replace(args.out)
     print(f"wrote {args.out}")
     return 0

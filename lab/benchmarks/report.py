@@ -3,15 +3,12 @@ measured results (never edit either by hand).
 
     python -m lab.benchmarks.report [--results lab/benchmarks/results] [--write lab/notes/benchmarks.md]
 
-Inputs: results/cpu.json from lab/benchmarks/run.py (this machine) and results/gpu.json from
-lab/benchmarks/gpu.py (the GPU machine; copied from its output folder); the serving figures
-(concurrency, verify cost, draft runs) from results/gpu-serving-bench.json (lab/benchmarks/gpu.py
---phases concurrency,verify,speculative --results gpu-serving-bench.json) and
-results/cpu-serving-bench.json (lab/benchmarks/gpu.py --cpu, this machine). Any may be missing:
-its section then says so. The multi-token section of docs/performance.md (multitoken-table markers) comes from
-lab/results/gpu-multitoken.json (python -m lab.runs.gpu_multitoken, issue 42; "not measured yet" while it does not exist),
-its other shapes (multitoken-shapes markers) from lab/results/gpu-multitoken-shapes.json;
-the agent-team section (agents-table markers) from lab/results/cpu-agents.json (python -m lab.benchmarks.agents, issue 40).
+Inputs: results/cpu.json from lab/benchmarks/run.py (this machine); results/gpu.json, gpu-serving-bench.json and
+cpu-serving-bench.json from lab/benchmarks/gpu.py (its phases on the GPU machine, and --cpu here; it left the tree with
+issue 60: git show cf107d3:lab/benchmarks/gpu.py). Any may be missing: its section then says so. The multi-token
+sections of docs/performance.md (multitoken-table, multitoken-shapes markers) come from lab/results/gpu-multitoken.json
+and gpu-multitoken-shapes.json (lab/bench/multitoken.py; "not measured yet" while they do not exist), the agent-team
+section (agents-table markers) from lab/results/cpu-agents.json (python -m lab.benchmarks.agents, issue 40).
 """
 
 
@@ -28,6 +25,7 @@ REPO = HERE.parents[1]
 from lab.bench.agents_table import AGENTS_TABLE
 from lab.bench.agents_table import render as agents_section
 from lab.bench.decode_results import summarize
+from lab.bench.jsonrows import dumps
 from lab.bench.multitoken import MULTITOKEN_SHAPES, MULTITOKEN_TABLE
 from lab.bench.multitoken import render_shapes as multitoken_shapes_section
 from lab.bench.multitoken import render as multitoken_section
@@ -45,7 +43,7 @@ def main() -> int:
     parser.add_argument("--performance", type=Path, nargs="+", default=[REPO / "docs" / "performance.md", REPO / "README.md"],
                         help="the documents whose short table (perf-table markers) is rendered from --decode")
     parser.add_argument("--multitoken", type=Path, default=REPO / "lab" / "results" / "gpu-multitoken.json",
-                        help="issue 42's multi-token curves (python -m lab.runs.gpu_multitoken report)")
+                        help="issue 42's multi-token curves")
     parser.add_argument("--multitoken-docs", type=Path, nargs="+", help="the documents whose multitoken-table section is "
                         "rendered from --multitoken (default: those of --performance that have the markers)")
     parser.add_argument("--multitoken-shapes", type=Path, default=REPO / "lab" / "results" / "gpu-multitoken-shapes.json",
@@ -56,7 +54,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.summarize_decode:
         summary = summarize(json.loads(args.summarize_decode.read_text()))
-        args.decode.write_text(json.dumps(summary, indent=1) + "\n")
+        args.decode.write_text(dumps(summary))
         print(f"wrote {args.decode}")
     decode = args.decode if args.decode.is_file() else None
     outputs = {args.write: render(args.results, decode)}

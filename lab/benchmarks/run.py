@@ -8,13 +8,12 @@
    (target <= 1 s);
 2. in-process `Llama.generate` vs llama-server on the same model, threads and device:
    decode ratio (target >= 0.95).
-The GPU figures come from lab/benchmarks/gpu.py on the GPU machine (lab/benchmarks/results/gpu.json).
+The GPU figures (lab/benchmarks/results/gpu.json) came from lab/benchmarks/gpu.py, which left the tree (cf107d3).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from lab.bench.jsonrows import dumps
 from pyllm_a100 import Llama, Server, build_info
 
 from pyllm_a100.bench import throughput as bench
@@ -123,7 +123,7 @@ def main() -> int:
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.json.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
+    tmp.write_text(dumps(result))
     tmp.replace(args.json)
     print(f"wrote {args.json}; python -m lab.benchmarks.report renders lab/notes/benchmarks.md")
     return 0

@@ -1,1 +1,1 @@
-"""The GPU runs, each a program: python -m lab.runs.NAME (the stage loop and re-exec helpers in stages.py)."""
+"""The GPU runs, each a program: python -m lab.runs.NAME (their stage loop: lab/bench/stages.py)."""

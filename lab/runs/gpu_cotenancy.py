@@ -35,7 +35,7 @@ import time
 
 from lab.bench import dispatch as dsp
 from lab.bench import lab_models, served
-from lab.runs import stages
+from lab.bench import stages
 
 D = dsp.Dispatcher()  # main() replaces it from --dispatch / --dispatch-shim
 RESULT = "gpu-cotenancy.json"

@@ -5,21 +5,20 @@ build   pristine pin (.tar.gz or folder) -> WORK/src + vendor/patches/0001-0003,
         WORK/pNNNN-bin; the last is WORK/patched-bin. Copies run with LD_LIBRARY_PATH=their folder.
 models  python3 -m pyllm_a100 synth deepseek-v4-flash: 43 and 4 layers, 16 experts, ud-q8-k-xl, seed 42
 ops     test-backend-ops test -b CUDA0 -o OP, pin and patched: pass/fail counts
-bench   llama-bench -p 512 -n 64 -r 3 -ngl 99 -fa 1, both files, columns BUILD[+SWITCH...], two interleaved rounds
+bench   llama-bench -p 512 -n 64 -r 3 -ngl 99 -fa 1, both files, columns BUILD (a build's folder), two interleaved rounds
 batched llama-batched-bench -npl 1,8,16,32 (43 layers): N sequences in one ubatch a step, no server scheduling
 ncu     ncu --graph-profiling node, llama-bench -p 0 -n 1 and -n 2 (4 layers): the difference is one forward
-ncufull ncu per launch on every kernel of one 4-layer forward (--ncu-patched): stalls, occupancy, DRAM %
 Patches: vendor/patches here (or $GPU_DECODE_PATCHES). Each stage writes WORK/results/STAGE.json (its failure too);
 report merges them into $OUT/gpu-decode.json + .txt; long runs: lab/scripts/gpu-session (lab/notes/gpu-state.md).
-Dispatch (issue 41): columns BUILD[+SWITCH...][@DISPATCH], e.g. --columns pin,patched,pin@a100,patched@a100 (interleaved
+Dispatch (issue 41): columns BUILD[@DISPATCH], e.g. --columns pin,patched,pin@a100,patched@a100 (interleaved
 like any columns); --dispatch a100 is the default of columns without @ (and of --ops-builds, --ncu-patched, ncu's pin).
 @a100 runs the program with lab/scripts/a100-dispatch.c preloaded (built once into WORK, or --dispatch-shim); every
 stage's JSON records each column's dispatch and the compute capability llama.cpp logged (lab/bench/dispatch.py)."""
 import argparse, glob, json, os, re, shutil, subprocess, sys, tarfile, time
 
-from lab.bench.decode_switches import ENV_COLUMNS  # the BUILD+SWITCH names (decode_switches.SWITCHES)
 from lab.bench import dispatch as dsp  # BUILD@DISPATCH, the a100-dispatch shim, the reported capability
-from lab.runs import stages
+from lab.bench import stages
+from lab.bench.jsonrows import dumps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PATCHES = sorted(glob.glob(os.path.join(os.environ.get("GPU_DECODE_PATCHES") or os.path.join(HERE, "..", "..", "vendor", "patches"), "*.patch")))
@@ -44,10 +43,9 @@ def run_env(w, label, extra=None):
 def bindir(w, label):
     return os.path.join(w, f"{label}-bin")
 
-def column(spec):  # "p0027+HC+POOLSPLIT@a100" -> ("p0027", the switches' environment and the dispatch's LD_PRELOAD)
+def column(spec):  # "p0027@a100" -> ("p0027", the dispatch's LD_PRELOAD)
     base, disp = DISPATCH.split(spec)
-    env = {k: v for n in base.split("+")[1:] for k, v in ENV_COLUMNS[n].items()}
-    return base.split("+")[0], dict(env, **DISPATCH.env(disp))
+    return base, DISPATCH.env(disp)
 
 
 def col_name(spec):  # the column as results name it: "patched" (native) or "patched@a100"
@@ -169,7 +167,7 @@ def bench_once(w, label, model, env_extra, args, timeout=900, log=None):  # log:
 
 
 def stage_bench(a, w, res):
-    specs = a.columns.split(",") if a.columns else builds(w) + [f"{l}+{n}" for n in ENV_COLUMNS for l in ("pin", builds(w)[-1])]
+    specs = a.columns.split(",") if a.columns else builds(w)
     cols = [(col_name(spec), *column(spec), spec) for spec in specs]
     res["columns"], res["warmup_s"] = [c[0] for c in cols], {}
     for name, label, extra, spec in cols:  # PTX JIT warm-up (sm_80 code on a newer GPU), once per build and dispatch
@@ -246,15 +244,6 @@ def stage_ncu(a, w, res):  # one forward's kernels (the difference of N_GEN 2 an
         res[label] = forward_difference(ncu_table(a, w, spec, 1, a.ncu_npl, res), ncu_table(a, w, spec, 2, a.ncu_npl, res))
 
 
-def stage_ncufull(a, w, res):  # per-launch metrics of every kernel of one 4-layer forward (profile.LAUNCH_METRICS)
-    from pyllm_a100.bench.profile import profile_launches
-    (label, env), res["spec"] = column(a.ncu_patched), a.ncu_patched
-    res.update(profile_launches(os.path.join(bindir(w, label), "llama-bench"), model_path(w, 4), w, env=dict(env,
-               LD_LIBRARY_PATH=bindir(w, label)), kernels="regex:.", count=a.ncufull_count, extra_args=tuple(BENCH[:-2])))
-    for f in glob.glob(os.path.join(w, "ncu-launches-*.stdout")):
-        seen(res, col_name(a.ncu_patched), a.ncu_patched, open(f, errors="replace").read())
-
-
 def short(k):
     return re.split(r"[<(]", k, 1)[0].replace("void ", "")[:60]
 
@@ -292,14 +281,13 @@ def stage_report(a, w, res):
             lines.append(f"  ops {k:<32} ok {v['ok']:>5} fail {v['fail']:>3} {v['summary']}")
     text, out = "\n".join(lines) + "\n", os.environ.get("OUT") or w
     os.makedirs(out, exist_ok=True)
-    json.dump(allres, open(os.path.join(out, "gpu-decode.json"), "w"), indent=1)
+    open(os.path.join(out, "gpu-decode.json"), "w").write(dumps(allres))  # lab/results/gpu-decode-raw.json
     open(os.path.join(out, "gpu-decode.txt"), "w").write(text)
     print(text)
 
 
 STAGES = {"build": stage_build, "models": stage_models, "ops": stage_ops, "bench": stage_bench, "batched": stage_batched,
-          "ncu": stage_ncu,
-          "ncufull": stage_ncufull, "report": stage_report}
+          "ncu": stage_ncu, "report": stage_report}
 
 
 def main():
@@ -308,9 +296,8 @@ def main():
     ap.add_argument("--src", help="pristine pin: the `pyllm vendor pack` .tar.gz, or an extracted folder (build)")
     ap.add_argument("--work", default="/tmp/dec")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 16); ap.add_argument("--op-timeout", type=int, default=900)
-    ap.add_argument("--columns", help="bench these columns, e.g. pin,p0006,p0006+HC+POOLSPLIT (default: builds + env columns)")
-    ap.add_argument("--ncu-patched", default="patched", help="ncu/ncufull's patched column, e.g. patched+HC (default: patched)")
-    ap.add_argument("--ncufull-count", type=int, default=400)
+    ap.add_argument("--columns", help="bench these columns, e.g. pin,p0006,p0006@a100 (default: every build)")
+    ap.add_argument("--ncu-patched", default="patched", help="ncu's patched column, e.g. patched@a100 (default: patched)")
     ap.add_argument("--ncu-npl", type=int, default=0, help="ncu: one decode step of N sequences (llama-batched-bench)")
     ap.add_argument("--ncu-cache", default="all", choices=["all", "none"], help="ncu --cache-control: all (flush before each "
                     "kernel, the earlier runs' figures) or none (warm, as in a real decode step; pyllm bench --profile's)")
@@ -330,11 +317,9 @@ def main():
     os.makedirs(os.path.join(w, "results"), exist_ok=True)
     run = stages.expand(a.stages, ["build", "models", "ops", "bench", "ncu"])
     try:
-        bases = [DISPATCH.split(s)[0] for s in (a.columns or "").split(",") + [a.ncu_patched] + a.ops_builds.split(",") if s]
+        [DISPATCH.split(s) for s in (a.columns or "").split(",") + [a.ncu_patched] + a.ops_builds.split(",") if s]
     except dsp.DispatchError as e:
         ap.error(str(e))
-    if {n for base in bases for n in base.split("+")[1:]} - set(ENV_COLUMNS):
-        ap.error(f"--columns / --ncu-patched: the switches are {', '.join(ENV_COLUMNS) or '(none)'} (BUILD+NAME[+NAME...][@DISPATCH])")
     if not set(a.bench_layers.split(",")) <= {"4", "43"}:
         ap.error(f"--bench-layers {a.bench_layers}: the models stage writes the 4- and 43-layer files (4, 43 or 4,43)")
     if any("=" not in kv for kv in a.ops_env):

@@ -47,7 +47,7 @@ import httpx
 from lab.bench import dispatch as dsp
 from lab.bench import lab_models, served
 from lab.bench import multidevice as md
-from lab.runs import stages
+from lab.bench import stages
 
 D = dsp.Dispatcher()  # main() replaces it from --dispatch / --dispatch-shim
 RESULT = "gpu-multidevice.json"

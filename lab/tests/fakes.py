@@ -52,107 +52,6 @@ for pl in [int(x) for x in opt("-npl", "1").split(",")]:
 '''
 
 
-# test-backend-ops: MUL_MAT (one case not supported), ADD (one case fails), FLASH_ATTN_EXT in three head-size parts (the
-# hsk=576 part hangs, for the per-part timeout), and a fused test name (MY_FUSION)
-BACKEND_OPS = COMMON + r'''
-import re, time
-CASES = [("MUL_MAT", "type_a=f16,n=1", True), ("MUL_MAT", "type_a=q4_0,n=8", True), ("MUL_MAT", "type_a=iq1_m,n=1", False),
-         ("ADD", "type=f32,ne=[1,1,1,1]", True), ("ADD", "type=f16,ne=[10,5,4,3]", True),
-         ("FLASH_ATTN_EXT", "hsk=64,hsv=64,nh=4,kv=512", True), ("FLASH_ATTN_EXT", "hsk=64,hsv=64,nh=4,kv=113", True),
-         ("FLASH_ATTN_EXT", "hsk=576,hsv=512,nh=1,kv=1024", True), ("FLASH_ATTN_EXT", "hsk=65,hsv=67,nh=4,kv=113", True),
-         ("MY_FUSION", "n=3", True)]
-mode = args[0] if args and args[0] in ("test", "support", "perf") else "test"
-f, p = opt("-o"), opt("-p")
-def chosen(op, params):
-    if f and f != op and (re.fullmatch(r"[A-Z0-9_]+", f) or not re.search(f, op)):
-        return False
-    return not p or re.search(p, params)
-G, R, Z = "\x1b[1;32m", "\x1b[1;31m", "\x1b[0m"
-print("Testing 2 devices\n")
-ok = run = 0
-failing = []
-for op, params, supported in CASES:
-    if not chosen(op, params):
-        continue
-    if mode == "support":
-        if op != "MY_FUSION":  # support mode leaves out the fusion cases (run_whole_graph), as the real one does
-            print(f"  {op}({params}): " + (f"{G}SUPPORTED{Z}" if supported else f"{R}NOT SUPPORTED{Z}"))
-        continue
-    if not supported:
-        print(f"  {op}({params}): not supported [CUDA0] ")
-        continue
-    if "hsk=576" in params:
-        sys.stdout.flush()
-        time.sleep(60)
-    run += 1
-    if op == "ADD" and "f16" in params:
-        print(f"  {op}({params}): [ADD] NMSE = 0.100000000 > 0.000000100 {R}FAIL{Z}")
-        failing.append(f"{op}({params})")
-    else:
-        ok += 1
-        print(f"  {op}({params}): {G}OK{Z}")
-    sys.stdout.flush()
-if mode == "test":
-    print(f"  {ok}/{run} tests passed")
-    if failing:
-        print("\nFailing tests:")
-        print("\n".join("  " + x for x in failing))
-    print(f"  Backend CUDA0: {G + 'OK' if ok == run else R + 'FAIL'}{Z}")
-sys.exit(0 if ok == run else 1)
-'''
-
-# llama-server: /health, and /completion with greedy tokens that depend on the build and the dispatch: patched's top
-# log-probabilities differ from the pin's in the last bits; under the shim, the long prompt's tokens part from native at 40
-SERVER = COMMON + r'''
-import http.server
-port = int(opt("--port"))
-patched = "patched" in here
-class H(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-    def reply(self, body):
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-    def do_GET(self):
-        self.reply({"status": "ok"})
-    def do_POST(self):
-        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        n = req.get("n_predict", 8)
-        toks = [(len(req["prompt"]) * 13 + i * 7) % 1000 for i in range(n)]
-        if a100 and n > 40 and len(req["prompt"]) > 100:  # the long prompt: other kernels under the A100 dispatch
-            toks[40] += 1
-        lp = [[{"logprob": -0.5 * (i % 3) - (1e-7 if patched else 0.0)}] for i in range(n)]
-        self.reply({"tokens": toks, "completion_probabilities": [{"top_logprobs": x} for x in lp],
-                    "timings": {"predicted_per_second": 100.0 * speed}})
-sys.stderr.write("main: server is listening on http://127.0.0.1:%d\n" % port)
-sys.stderr.flush()
-http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
-'''
-
-COMPLETION = COMMON + r'''
-print("The capital of France is Paris, and its river is the Seine.")
-'''
-
-SANITIZER = r'''
-import subprocess, sys
-args = sys.argv[1:]
-tool = args[args.index("--tool") + 1]
-i = 0
-while i < len(args) and args[i].startswith("--"):
-    i += 2
-p = subprocess.run(args[i:])
-if tool == "racecheck":
-    print("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)")
-else:
-    print("========= ERROR SUMMARY: 0 errors")
-sys.exit(p.returncode)
-'''
-
-
 def write(folder: Path, name: str, body: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
@@ -166,9 +65,6 @@ def builds(work: Path, labels: tuple[str, ...] = ("pin", "patched")) -> None:
     for label in labels:
         write(work / f"{label}-bin", "llama-bench", LLAMA_BENCH)
         write(work / f"{label}-bin", "llama-batched-bench", BATCHED_BENCH)
-        write(work / f"{label}-bin", "test-backend-ops", BACKEND_OPS)
-        write(work / f"{label}-bin", "llama-completion", COMPLETION)
-        write(work / f"{label}-bin", "llama-server", SERVER)
     for name in ("v4-4l", "v4-43l"):
         (work / f"{name}.gguf").write_bytes(b"GGUF")
 
@@ -192,11 +88,6 @@ def env_without_preload() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     return env
-
-
-def sanitizer(folder: Path) -> Path:
-    """A compute-sanitizer stand-in (put its folder first on PATH): runs the program, prints the tool's summary."""
-    return write(folder, "compute-sanitizer", SANITIZER)
 
 
 def program(module: str, *args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lab.tests import fakes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,3 +119,37 @@ def test_decode_summary_is_the_one_the_raw_run_gives() -> None:
     # an op that failed on the GPU is either fixed in a rerun or explained, by name, in the run's ops_note
     failing = [op for op, v in committed["test_backend_ops"].items() if v["patched"]["failed"]]
     assert all(op in committed.get("ops_note", "") for op in failing), f"{failing} failed on the GPU and no ops_note says why"
+
+
+def kld_run(label: str, **figures) -> dict:
+    base = {"kld_mean": 0.1, "kld_mean_err": 0.002, "kld_99_9": 2.0, "kld_99": 1.0, "same_top_pct": 85.0,
+            "same_top_err": 0.8, "ppl_ratio": 1.1, "ppl_ratio_err": 0.01}
+    return {"label": label, "device": "cpu" if label.startswith("cpu") else "gpu", "threads": 16, **base, **figures}
+
+
+@pytest.mark.parametrize("gpu,ok", [({"kld_mean": 0.103, "same_top_pct": 84.5, "kld_99_9": 2.1}, True),  # within the error
+                                    ({"kld_mean": 0.115}, False), ({"same_top_pct": 82.0}, False),
+                                    ({"kld_99_9": 2.5}, False), ({"ppl_ratio": 1.2}, False)])
+def test_kld_rule_takes_the_standard_error_and_rejects_a_figure_outside_the_cpu_noise(gpu: dict, ok: bool) -> None:
+    from lab.tools.render_compat import kld_verdict
+
+    verdict = kld_verdict([kld_run("cpu-a"), kld_run("cpu-b"), kld_run("gpu", **gpu)])
+    assert verdict["pass"] is ok and [c["figure"] for c in verdict["checks"] if not c["ok"]] == ([] if ok else list(gpu))
+    wide = [kld_run("cpu-a", kld_mean=0.09), kld_run("cpu-b", kld_mean=0.11), kld_run("gpu", kld_mean=0.125)]
+    assert kld_verdict(wide)["pass"] is True  # 0.025 off the mean, within 2 x the CPU runs' spread
+
+
+@pytest.mark.parametrize("gpu_kld_mean,status", [(None, "verified on CPU only"), (0.1005, "verified on GPU"),
+                                                  (0.2, "verified on CPU only")])
+def test_the_llama_row_follows_the_kld_result(gpu_kld_mean, status, tmp_path: Path) -> None:
+    from lab.tools.render_compat import RULE
+
+    assert RULE in " ".join((REPO / "docs" / "models.md").read_text().split())  # the docs state the rule applied
+    for path in (REPO / "lab" / "results").glob("gpu-*.json"):
+        shutil.copy(path, tmp_path)
+    runs = [kld_run("cpu-t16"), dict(kld_run("cpu-t8"), threads=8)] + ([] if gpu_kld_mean is None else [
+        kld_run("gpu", kld_mean=gpu_kld_mean)])
+    (tmp_path / "gpu-kld.json").write_text(json.dumps({"model": "SmolLM2-135M-Instruct.Q4_1.gguf", "runs": runs,
+                                                       "base": {"corpus_tokens_used": 3072}}))
+    row = next(line for line in render("--print", "--results", str(tmp_path)).stdout.splitlines() if "`llama`" in line)
+    assert f"| {status} |" in row and "KL divergence" in row and ("no GPU run yet" in row) == (gpu_kld_mean is None), row

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from lab.bench.jsonrows import dumps
 from lab.bench.native_view import use_installed_build
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     results["seconds"] = round(time.monotonic() - started)
     results = _clean(results, str(root))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    RESULTS.write_text(dumps(results))
     print(f"wrote {RESULTS} in {results['seconds']} s")
     DOC.write_text(render(results))
     print(f"wrote {DOC}")

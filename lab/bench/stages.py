@@ -1,4 +1,4 @@
-"""What the staged GPU runs share: the stage loop of gpu_decode, gpu_multitoken and gpu_a100_check, and how a run
+"""What the staged GPU runs share: the stage loop of gpu_decode, gpu_cotenancy and gpu_multidevice, and how a run
 starts itself again (python -m lab.runs.NAME with another environment: the dispatch's LD_PRELOAD, a site folder).
 
 Each stage is a function (args, work, res) that fills ``res``; the loop times it, records its failure (the next stages
