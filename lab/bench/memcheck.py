@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pyllm_a100.models.gguf_files import resolve_model
-from pyllm_a100.models.memplan import estimate_vs_measured, local_shape
+from pyllm_a100.planning.memplan import estimate_vs_measured, local_shape
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ def layer_assignment(log_text: str, n_layer: int) -> dict[str, Any]:
 
 def planned(n_layer: int, order: Sequence[str], split: Sequence[float] | None = None) -> dict[str, Any]:
     """What the split asks, by device name in llama.cpp's model order (memplan.layer_devices)."""
-    from pyllm_a100.models.memplan import layer_devices
+    from pyllm_a100.planning.memplan import layer_devices
 
     where = layer_devices(n_layer, len(order), list(split) if split else None)
     counts = {name: 0 for name in order}

@@ -18,14 +18,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pyllm_a100.bench.draft_costs import ceiling
-from pyllm_a100.bench.draft_length import ACCEPT_LENS, K_REF
-from pyllm_a100.bench.draft_length import acceptance_for as acceptance
+from pyllm_a100.bench.verify import ceiling
+from pyllm_a100.bench.speculate import ACCEPT_LENS, K_REF
+from pyllm_a100.bench.speculate import acceptance_for as acceptance
 
 MULTITOKEN_TABLE = ("<!-- multitoken-table -->", "<!-- /multitoken-table -->")
 MULTITOKEN_SHAPES = ("<!-- multitoken-shapes -->", "<!-- /multitoken-shapes -->")
 PROJECTION_RULE = (f"a solves E(a, {K_REF}) = accept_len (E(a, d) = (1 - a^(d+1)) / (1 - a), "
-                   "pyllm_a100/bench/draft_costs.py); for verify width k (k - 1 drafted tokens): projected_tps = "
+                   "pyllm_a100/bench/verify.py); for verify width k (k - 1 drafted tokens): projected_tps = "
                    "E(a, k - 1) / (verify_ms(k) + draft_ms(k)) x 1000, draft_ms(k) = the draft's per-step cost (DSpark, "
                    "k - 1 <= its block) or its per-token cost x (k - 1) (MTP); k = 1 is plain decoding; patched build")
 ROLES = ("pin", "patched")  # the two builds every row compares

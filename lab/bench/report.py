@@ -267,7 +267,7 @@ stream back to back; every slot has {c['prompt'] + c['gen']}+ tokens of context.
 
 def _concurrency_reading(c: dict, verify: dict | None) -> str:
     """Why the aggregate scales as it does, and what the chosen default gains, from the same run's figures."""
-    from pyllm_a100.serve.config import DEFAULT_PARALLEL
+    from pyllm_a100.serve.options import DEFAULT_PARALLEL
 
     out = []
     rows = {(r["slots"], r["concurrency"]): r for r in c["levels"]}
@@ -298,7 +298,7 @@ def _concurrency_reading(c: dict, verify: dict | None) -> str:
 
 
 def _projection(cost: dict, per_token: float, per_step: float, decode_ms: float | None = None) -> list[dict]:
-    from pyllm_a100.bench.draft_costs import VerifyCost, projection
+    from pyllm_a100.bench.verify import VerifyCost, projection
 
     return projection(VerifyCost(**cost), draft_ms_per_token=per_token, draft_ms_per_step=per_step, decode_ms=decode_ms)
 
@@ -385,7 +385,7 @@ tokens - accepted - 1 per request (the first token comes from the prompt).
             note = (f"T_draft(k) = 0 (an upper bound: the draft run served {sp['model']}, not the {v['model']} whose "
                     "verify cost is above)")
         elif cost is not None and mean_k >= 1:
-            from pyllm_a100.bench.draft_costs import VerifyCost, draft_ms_per_step
+            from pyllm_a100.bench.verify import VerifyCost, draft_ms_per_step
 
             k_run = round(mean_k)
             own = draft_ms_per_step(r["overhead_ms"], VerifyCost(**cost), k_run)

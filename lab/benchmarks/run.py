@@ -28,7 +28,7 @@ from lab.bench.jsonrows import dumps
 from pyllm_a100 import Llama, Server, build_info
 
 from pyllm_a100.bench import throughput as bench
-from pyllm_a100.serve.net import free_port
+from pyllm_a100.process.net import free_port
 from pyllm_a100.synth import synthesize
 
 

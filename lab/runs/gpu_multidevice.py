@@ -65,10 +65,10 @@ class Workers:
         self.a, self.col, self.env, self.procs = a, col, served.child_env(D, disp), []
 
     def _one(self, i: int):
-        from pyllm_a100.serve.net import free_port
-        from pyllm_a100.serve.rpc import RpcWorker, WorkerConfig
+        from pyllm_a100.process.net import free_port
+        from pyllm_a100.rpc.worker import RpcWorker, WorkerOptions
 
-        w = RpcWorker(WorkerConfig(port=free_port(), devices=worker_device(self.a)),
+        w = RpcWorker(WorkerOptions(port=free_port(), device=worker_device(self.a)),
                       log_path=os.path.join(self.a.work, "md", "logs", f"worker-{self.col}-{i}-{time.time():.0f}.log"), env=self.env)
         return w.start()
 
@@ -79,7 +79,7 @@ class Workers:
         return [str(w.config.endpoint) for w in self.procs[:n]]
 
     def commands(self, n: int) -> list[str]:
-        return [f"pyllm rpc-worker --port {w.config.port}" + (f" --device {w.config.devices}" if w.config.devices else "")
+        return [f"pyllm rpc-worker --port {w.config.port}" + (f" --device {w.config.device}" if w.config.device else "")
                 for w in self.procs[:n]]
 
     def capabilities(self, n: int) -> list[str | None]:
@@ -124,7 +124,7 @@ def local_devices(a: argparse.Namespace) -> list[str]:
 
 def prompts_for(url: str, lengths: list[int], seed: int = 0) -> list[list[int]]:
     """The same token ids for every server of a run (seeded), within the model's vocabulary."""
-    from pyllm_a100.bench.throughput import _vocab_size
+    from pyllm_a100.bench.client import _vocab_size
 
     with httpx.Client() as client:
         n_vocab = _vocab_size(client, url)
@@ -286,8 +286,8 @@ def stage_models(a, w, res):
 
 def stage_rpccheck(a, w, res):
     from pyllm_a100.llamacpp.native import build_info
-    from pyllm_a100.serve.net import free_port
-    from pyllm_a100.serve.rpc import RpcWorker, WorkerConfig
+    from pyllm_a100.process.net import free_port
+    from pyllm_a100.rpc.worker import RpcWorker, WorkerOptions
 
     nat = served.native()
     counts = {}
@@ -299,7 +299,7 @@ def stage_rpccheck(a, w, res):
     server = str(nat / "llama-server")
     for col, disp in served.columns(a.columns, a.dispatch):
         env = served.child_env(D, disp)
-        worker = RpcWorker(WorkerConfig(port=free_port(), devices=worker_device(a)), env=env,
+        worker = RpcWorker(WorkerOptions(port=free_port(), device=worker_device(a)), env=env,
                            log_path=os.path.join(w, "md", "logs", f"rpccheck-worker-{col}.log"))
         out: dict = {"runs": [], "command": f"llama-server --rpc ENDPOINT --list-devices"}
         try:

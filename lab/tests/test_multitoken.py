@@ -9,8 +9,8 @@ from pathlib import Path
 
 from lab.bench import multitoken as mt
 from lab.tests import fakes
-from pyllm_a100.bench.draft_costs import expected_tokens
-from pyllm_a100.bench.draft_length import acceptance_for
+from pyllm_a100.bench.verify import expected_tokens
+from pyllm_a100.bench.speculate import acceptance_for
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "lab" / "results"
