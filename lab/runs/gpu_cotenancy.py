@@ -62,7 +62,8 @@ def finish(rows: list[dict]) -> None:
         if "ncu" in r.get("kind", ""):
             continue
         base = next((b for b in rows if b.get("setting") == "baseline" and b["model"] == r["model"]
-                     and b["column"] == r["column"] and b.get("prefill_s") is not None), None)
+                     and b["column"] == r["column"] and b.get("scenario") == r.get("scenario")
+                     and b.get("prefill_s") is not None), None)
         r["baseline_prefill_s"] = base["prefill_s"] if base else None
         r["prefill_vs_baseline"] = round(r["prefill_s"] / base["prefill_s"], 3) if base and r.get("prefill_s") else None
         mine, theirs = r.get("stream_tokens") or [], (base or {}).get("stream_tokens") or []
@@ -72,9 +73,11 @@ def finish(rows: list[dict]) -> None:
 
 def results(a) -> lab_models.Results:
     header = {"generated_by": "python -m lab.runs.gpu_cotenancy", "command": a.command,
-              "load": {"prompts": a.prompts, "prompt_tokens": a.prompt_tokens, "short_tokens": a.short_tokens},
+              "load": {"prompts": a.prompts, "prompt_tokens": a.prompt_tokens, "short_tokens": a.short_tokens,
+                       "streams": a.streams},
               "server": {"ctx_size": a.ctx_size, "baseline_args": a.baseline_args}}
-    return lab_models.Results(os.path.join(a.work, "results", RESULT), ("kind", "model", "column", "setting"), header, finish)
+    return lab_models.Results(os.path.join(a.work, "results", RESULT), ("kind", "model", "column", "setting", "scenario"),
+                              header, finish)
 
 
 def row_for(a, model: str, col: str, disp: str, setting: str) -> dict:
@@ -82,7 +85,7 @@ def row_for(a, model: str, col: str, disp: str, setting: str) -> dict:
     from pyllm_a100.serve.options import LLAMA_CPP_SCHEDULING
     from pyllm_a100.serve.server import Server
 
-    load = Load(prompts=a.prompts, prompt_tokens=a.prompt_tokens, short_tokens=a.short_tokens)
+    load = Load(prompts=a.prompts, prompt_tokens=a.prompt_tokens, short_tokens=a.short_tokens, streams=a.streams)
     extra = setting_args(a, setting) + a.server_args
     label = lab_models.label(model)
     log = os.path.join(a.work, "cot", f"{label}-{col}-{setting}.log")
@@ -91,7 +94,9 @@ def row_for(a, model: str, col: str, disp: str, setting: str) -> dict:
     env = served.child_env(D, disp)
     row = {"kind": "serve", "dispatch": disp, "column": col, "model": label,
            "layers": lab_models.layers(lab_models.path(a.work, model)), "setting": setting, "server_args": extra,
-           "load": {"prompts": load.prompts, "prompt_tokens": load.prompt_tokens, "short_tokens": load.short_tokens},
+           "scenario": scenario(load), "alone": a.alone,
+           "load": {"prompts": load.prompts, "prompt_tokens": load.prompt_tokens, "short_tokens": load.short_tokens,
+                    "streams": load.streams},
            "ctx_size": a.ctx_size, "parallel": load.slots, **{f: None for f in FIELDS}}
     t0 = time.time()
     # the baseline: llama-server's own scheduling (no pyllm serve flags for it; --baseline-args on top)
@@ -108,12 +113,18 @@ def row_for(a, model: str, col: str, disp: str, setting: str) -> dict:
             result = measure(srv.base_url, load, server=f"{label} {col} {setting}", api_key=srv.api_key)
         row.update({f: round(v, 3) if isinstance(v, float) else v for f, v in result.as_row().items() if f in FIELDS},
                    kept=round(result.kept, 4), stream_tokens=list(result.stream_tokens[:KEPT_TOKENS]),
+                   streams=result.streams, failed_streams=result.failures,
                    stream_tokens_total=len(result.stream_tokens))
     except Exception as e:  # recorded; the next rows still run
         row["error"] = f"{type(e).__name__}: {e}"[-1500:]
     row["seconds"] = round(time.time() - t0, 1)
     row.update(served.record(disp, log, env), log=log)
     return row
+
+
+def scenario(load) -> str:
+    """A row's load in a word: ``1x65536`` (one prompt beside one stream), ``4x32768+16s`` (four beside 16 streams)."""
+    return f"{load.prompts}x{load.prompt_tokens}" + (f"+{load.streams}s" if load.streams > 1 else "")
 
 
 def stage_models(a, w, res):
@@ -207,6 +218,9 @@ def main() -> int:
     ap.add_argument("--baseline-args", type=shlex.split, help="the baseline's llama-server flags (default: the library's "
                     "BASELINE_ARGS, llama.cpp's own scheduling)")
     ap.add_argument("--prompts", type=int, default=1, help="long prompts sent at once beside the stream")
+    ap.add_argument("--streams", type=int, default=1, help="streams decoding beside them (the first one is timed)")
+    ap.add_argument("--not-alone", dest="alone", action="store_false", help="the GPU runs another job at the same time: "
+                    "each row says so (\"alone\": false)")
     ap.add_argument("--prompt-tokens", type=int, default=65536, help="each long prompt's length")
     ap.add_argument("--short-tokens", type=int, default=200, help="the short request sent during the prefill (0: none)")
     ap.add_argument("--ncu-columns", default="pyllm@a100")
