@@ -41,17 +41,20 @@ class Load:
     prompts: int = 1  # long prompts sent at once beside the stream
     prompt_tokens: int = 65536  # each long prompt's length
     short_tokens: int = 200  # the short request sent during the prefill (0: none)
+    streams: int = 1  # streams decoding beside the long prompts (the first one is timed; agent traffic: 16)
 
     def check(self) -> None:
         if self.prompts < 1 or self.prompt_tokens < 1:
             raise BenchError(f"--prompts {self.prompts} --prompt-tokens {self.prompt_tokens}: both must be at least 1")
         if self.short_tokens < 0:
             raise BenchError(f"--short-tokens {self.short_tokens}: give a length, or 0 for no short request")
+        if self.streams < 1:
+            raise BenchError(f"--streams {self.streams}: at least the one stream that is timed")
 
     @property
     def slots(self) -> int:
-        """Slots the server needs: the stream, every long prompt and the short request at once."""
-        return 1 + self.prompts + (1 if self.short_tokens else 0)
+        """Slots the server needs: the streams, every long prompt and the short request at once."""
+        return self.streams + self.prompts + (1 if self.short_tokens else 0)
 
 
 @dataclasses.dataclass
@@ -67,6 +70,8 @@ class CotenancyResult:
     prefill_s: float  # send to first token of the slowest long prompt
     short_ttft_s: float | None  # the short request's time to first token (None: not sent)
     stream_tokens: list[int]  # the stream's greedy tokens (the same with or without the scheduling, batch rounding aside)
+    streams: int = 1  # streams decoding beside the long prompts (the timed one included)
+    failures: int = 0  # the other streams that ended in an error
 
     def as_row(self) -> dict[str, Any]:
         row = dataclasses.asdict(self)
@@ -153,8 +158,12 @@ def measure(url: str, load: Load, *, server: str = "-", api_key: str | None = No
         stream_completion(client, url, tokens(16), 4)  # first-use costs (JIT, allocations) stay out
     # long enough to outlast the prefill (it is stopped as soon as the long prompts are done), within its slot, and
     # no more: a server that admits requests by their KV reservation (patch 0035) counts it against the pool
-    stream = _Stream(url, headers, stream_prompt, n_predict=min(per_slot - STREAM_PROMPT - 1, STREAM_MAX))
+    n_predict = min(per_slot - STREAM_PROMPT - 1, STREAM_MAX)
+    stream = _Stream(url, headers, stream_prompt, n_predict=n_predict)
+    others = [_Stream(url, headers, tokens(STREAM_PROMPT), n_predict=n_predict) for _ in range(load.streams - 1)]
     stream.start()
+    for other in others:
+        other.start()
     try:
         _wait_for(lambda: stream.count() >= 8 + SOLO_TOKENS, stream, timeout, "decoding alone")
         solo = _gaps(stream.arrivals[8:], 0, float("inf"))
@@ -196,7 +205,10 @@ def measure(url: str, load: Load, *, server: str = "-", api_key: str | None = No
         stream.stop.set()
         _wait_for(lambda: not stream.is_alive() or stream.count() > 0, stream, 60, "stopping the stream")
     finally:
-        stream.stop.set()
+        for each in (stream, *others):
+            each.stop.set()
+    for other in others:
+        other.join(60)
     # the window: from the first prefill's start to the last one's first token, as llama-server timed them (the
     # requests' upload and parsing before it are not the prefill); a gap that straddles a border counts
     begin = min((p[0] for p in prefills.values()), default=start)
@@ -213,7 +225,7 @@ def measure(url: str, load: Load, *, server: str = "-", api_key: str | None = No
         solo_tps=1 / percentile(solo, 50), during_tps=(len(during) - 1) / window if window > 0 else 0.0,
         gap_p50_ms=1000 * percentile(during, 50), gap_p99_ms=1000 * percentile(during, 99),
         gap_max_ms=1000 * max(during), prefill_s=max(results.values()), short_ttft_s=short_ttft,
-        stream_tokens=list(stream.tokens))
+        stream_tokens=list(stream.tokens), streams=load.streams, failures=sum(1 for o in others if o.error))
 
 
 def _slot_tokens(client: httpx.Client, url: str) -> int:

@@ -177,6 +177,8 @@ def cotenancy_cmd(
     prompts: Annotated[int, typer.Option(help="Long prompts sent at once beside the decoding stream.")] = 1,
     prompt_tokens: Annotated[int, typer.Option(help="Each long prompt's length in tokens.")] = 65536,
     short_tokens: Annotated[int, typer.Option(help="A short request sent during the prefill, its TTFT timed (0: none).")] = 200,
+    streams: Annotated[int, typer.Option(help="Streams decoding beside the long prompts; the first is timed, the others' "
+                                              "failures counted (agent traffic: --streams 16 --prompts 4).")] = 1,
     server_args: Annotated[Optional[str], typer.Option(help="With MODEL: llama-server flags for pyllm serve's run (as after --), "
                                                        "e.g. '--decode-latency-target 50'.")] = None,
     baseline_args: Annotated[Optional[str], typer.Option(help="With MODEL: more llama-server flags for the baseline, which runs "
@@ -192,7 +194,7 @@ def cotenancy_cmd(
     from ..bench import cotenancy
 
     _model_or_url(model, url)
-    load = cotenancy.Load(prompts=prompts, prompt_tokens=prompt_tokens, short_tokens=short_tokens)
+    load = cotenancy.Load(prompts=prompts, prompt_tokens=prompt_tokens, short_tokens=short_tokens, streams=streams)
     if url is not None:
         rows = [cotenancy.measure(url, load, server=url, api_key=api_key)]
     else:
@@ -203,12 +205,14 @@ def cotenancy_cmd(
         print(json.dumps({"load": dataclasses.asdict(load), "rows": [r.as_row() for r in rows],
                           "same_stream_tokens": cotenancy.same_tokens(rows)}, indent=2))
         return
-    print_table(f"a stream decoding beside {prompts} prompt(s) of {prompt_tokens} tokens",
+    beside = f"a stream decoding (of {streams})" if streams > 1 else "a stream decoding"
+    print_table(f"{beside} beside {prompts} prompt(s) of {prompt_tokens} tokens",
                 ["server", "solo t/s", "during t/s", "kept", "gap p50 ms", "gap p99 ms", "gap max ms", "prefill s",
-                 "short TTFT s"],
+                 "short TTFT s"] + (["failed streams"] if streams > 1 else []),
                 [[r.server, f"{r.solo_tps:.1f}", f"{r.during_tps:.1f}", f"{r.kept:.0%}", f"{r.gap_p50_ms:.0f}",
                   f"{r.gap_p99_ms:.0f}", f"{r.gap_max_ms:.0f}", f"{r.prefill_s:.2f}",
-                  "-" if r.short_ttft_s is None else f"{r.short_ttft_s:.2f}"] for r in rows])
+                  "-" if r.short_ttft_s is None else f"{r.short_ttft_s:.2f}"] + ([str(r.failures)] if streams > 1 else [])
+                 for r in rows])
     for line in cotenancy.ratios(rows):
         print(line)
 

@@ -76,6 +76,7 @@ class Capacity:
     trained: int  # the model's trained context
     budget: Budget
     devices: int  # GPUs the plan spreads over (0: CPU)
+    lane: int = 0  # the prefill lane's cells (one slot's context; 0: no lane), in kv_bytes too
 
     @property
     def streams(self) -> tuple[int, int]:
@@ -83,17 +84,19 @@ class Capacity:
         return (self.pool, 1) if self.shared else (self.per_slot, self.slots)
 
     def argv(self) -> list[str]:
-        """llama-server's flags for this plan."""
+        """llama-server's flags for this plan (the lane's size with it, as planned)."""
+        lane = ["--prefill-lane-ctx", str(self.lane)] if self.lane else []
         if not self.shared:
-            return ["--parallel", str(self.slots), "--ctx-size", str(self.pool)]
+            return ["--parallel", str(self.slots), "--ctx-size", str(self.pool), *lane]
         return ["--parallel", str(self.slots), "--kv-unified", "--ctx-size", str(self.pool),
-                "--kv-unified-per-slot", str(self.per_slot)]
+                "--kv-unified-per-slot", str(self.per_slot), *lane]
 
     def summary(self) -> str:
         where = f"over {self.devices} GPU{'s' if self.devices != 1 else ''}" if self.devices else "in RAM"
         each = f"{self.per_slot:,} tokens each" + (" (the trained context)" if self.per_slot == self.trained else "")
         pool = (f"pool {self.pool:,} tokens shared" if self.shared else f"{self.pool:,} tokens in all, each slot its own")
-        return (f"{self.slots} slot{'s' if self.slots != 1 else ''}, up to {each}; {pool}, "
+        lane = f" and a prefill lane of {self.lane:,}" if self.lane else ""
+        return (f"{self.slots} slot{'s' if self.slots != 1 else ''}, up to {each}; {pool}{lane}, "
                 f"{self.kv_bytes / GIB:.2f} GiB KV {where} ({self.budget.rule})")
 
     def as_dict(self) -> dict[str, Any]:
@@ -117,25 +120,35 @@ def _streams(shape: Shape, pool: int, slots: int) -> tuple[int, int]:
     return (pool, 1) if shape.arch not in PER_SEQUENCE_CACHES else (max(1, pool // slots), slots)
 
 
-def _kv_and_fit(shape: Shape, budget: Budget, pool: int, slots: int, split: list[float] | None) -> tuple[int, bool]:
+def _per_slot(shape: Shape, pool: int, slots: int) -> int:
+    """The most tokens one request may hold with this pool: the trained context at most in a shared pool, its own
+    share of the pool in per-sequence caches."""
+    return max(1, min(trained_context(shape), pool) if shape.arch not in PER_SEQUENCE_CACHES else pool // slots)
+
+
+def _kv_and_fit(shape: Shape, budget: Budget, pool: int, slots: int, split: list[float] | None,
+                lane: bool) -> tuple[int, bool]:
     per, streams = _streams(shape, pool, slots)
-    kv = sum(kv_layer_bytes(shape, per, streams))
+    lane_cells = _per_slot(shape, pool, slots) if lane else 0  # the lane holds one request's prompt
+    kv = sum(kv_layer_bytes(shape, per, streams)) + (sum(kv_layer_bytes(shape, lane_cells, 1)) if lane else 0)
     if not budget.gpu:
         return kv, kv <= budget.per_device[0]
-    devices = per_device(shape, len(budget.per_device), per, streams, split=split)
+    devices = per_device(shape, len(budget.per_device), per, streams, split=split, lane=lane_cells)
     return kv, all(d.total <= b for d, b in zip(devices, budget.per_device))
 
 
 def plan(shape: Shape, budget: Budget, *, slots: int | None = None, pool: int | None = None,
-         split: list[float] | None = None) -> Capacity:
-    """The pool and slots for ``shape`` within ``budget``; ``slots``/``pool`` given by the user win (and may not fit)."""
+         split: list[float] | None = None, lane: bool = False) -> Capacity:
+    """The pool and slots for ``shape`` within ``budget``; ``slots``/``pool`` given by the user win (and may not fit).
+    ``lane``: a prefill lane runs beside the slots (llama-server --prefill-lane): its own KV cache of one slot's
+    context and its own compute buffer come out of the same budget."""
     n = slots or DEFAULT_SLOTS
     trained = trained_context(shape)
     shared = shape.arch not in PER_SEQUENCE_CACHES
     step = CACHE_PAD * (1 if shared else n)  # a per-sequence pool grows a padded cell per slot at a time
 
     def fits(p: int) -> bool:
-        return _kv_and_fit(shape, budget, p, n, split)[1]
+        return _kv_and_fit(shape, budget, p, n, split, lane)[1]
 
     # the largest pool that fits, up to every slot holding the trained context: memory is monotone in the pool
     top = n * _pad(trained)
@@ -153,8 +166,8 @@ def plan(shape: Shape, budget: Budget, *, slots: int | None = None, pool: int | 
     chosen = pool if pool is not None else largest
     if not shared:
         chosen = max(step, chosen // step * step) if chosen else step
-    kv, ok = _kv_and_fit(shape, budget, max(chosen, n), n, split)
-    per_slot = min(trained, chosen) if shared else chosen // n
-    return Capacity(slots=n, per_slot=max(1, per_slot), pool=chosen, kv_bytes=kv, shared=shared, fits=ok and chosen > 0,
+    kv, ok = _kv_and_fit(shape, budget, max(chosen, n), n, split, lane)
+    per_slot = _per_slot(shape, chosen, n)
+    return Capacity(slots=n, per_slot=per_slot, pool=chosen, kv_bytes=kv, shared=shared, fits=ok and chosen > 0,
                     largest_pool=largest, trained=trained, budget=budget,
-                    devices=len(budget.per_device) if budget.gpu else 0)
+                    devices=len(budget.per_device) if budget.gpu else 0, lane=per_slot if lane else 0)

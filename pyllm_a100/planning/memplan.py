@@ -284,11 +284,18 @@ class Row:
 
 
 def per_device(shape: Shape, n_devices: int, ctx: int, slots: int, *, gpu: bool = True,
-               type_k_bytes: float = 2.0, split: list[float] | None = None) -> list[DevicePlan]:
-    """Weights, KV, compute and overhead per device under ``split`` (even by default)."""
+               type_k_bytes: float = 2.0, split: list[float] | None = None, lane: int = 0) -> list[DevicePlan]:
+    """Weights, KV, compute and overhead per device under ``split`` (even by default). ``lane``: the cells of a
+    prefill lane (llama-server --prefill-lane: a second context of one sequence, with its own KV cache and compute
+    buffer on every device that holds layers), 0 for none."""
     where = layer_devices(shape.n_layer, n_devices, split)
     kv = kv_layer_bytes(shape, ctx, slots, type_k_bytes=type_k_bytes, type_v_bytes=type_k_bytes)
     compute, at_output = compute_bytes(shape, ctx, slots)
+    if lane:
+        lane_kv = kv_layer_bytes(shape, lane, 1, type_k_bytes=type_k_bytes, type_v_bytes=type_k_bytes)
+        kv = [a + b for a, b in zip(kv, lane_kv)]
+        lane_compute, lane_output = compute_bytes(shape, lane, 1)
+        compute, at_output = compute + lane_compute, at_output + lane_output
     out = []
     for d in range(n_devices):
         mine = [il for il in range(shape.n_layer) if where[il] == d]
