@@ -81,8 +81,8 @@ def test_dry_run_prints_the_queue_with_its_timeline() -> None:
     assert result.returncode == 0, result.stderr
     lines = [shlex.split(line) for line in result.stdout.splitlines() if not line.startswith("#")]
     assert [w[:3] for w in lines[:2]] == [["lab/scripts/gpu-session", "start", "bpkg1"], ["lab/scripts/gpu-session", "start", "models1"]]
-    assert lines[2][:4] == ["lab/scripts/gpu-session", "after", "steps", "bpkg1,models1"] and lines[2][4:6] == ["bash", "-c"]
-    assert "# steps: ~300-450 s" in result.stdout and "# 4 of 4 jobs end within the wait" in result.stdout
+    assert lines[3][:4] == ["lab/scripts/gpu-session", "after", "cot", "bpkg1,models1"] and lines[3][4:6] == ["bash", "-c"]
+    assert "# cot: ~300-520 s" in result.stdout and "# 4 of 4 jobs end within the wait" in result.stdout
 
 
 def test_every_lab_program_in_the_plan_accepts_its_arguments(tmp_path: Path) -> None:
