@@ -20,7 +20,7 @@ from .models.gguf_files import resolve_model
 from .devices.gpus import GPU, driver, visible_gpus
 from .llamacpp.native import binary, build_info
 from .planning.roofline import weights_per_token
-from .serve.options import DEFAULT_PARALLEL
+from .serve.options import DEFAULT_PARALLEL, DEFAULT_PREFILL_LANE
 
 MARGIN_MIB = 1024  # free memory llama.cpp's --fit keeps per GPU by default
 
@@ -207,7 +207,7 @@ def _capacity_finding(report: dict[str, Any], files: Any, gpus: list[GPU]) -> Fi
         import psutil
 
         budget = capacity.Budget.cpu(psutil.virtual_memory().available)
-    plan = capacity.plan(local_shape(files), budget)
+    plan = capacity.plan(local_shape(files), budget, lane=bool(gpus) and DEFAULT_PREFILL_LANE > 0)  # as serve plans it
     report["plan"] = plan.as_dict()
     if not plan.fits:
         return Finding("warn", f"no KV pool fits beside the weights ({budget.rule}): llama.cpp's --fit decides")
@@ -348,7 +348,7 @@ def _capacity_row(shape: Any, target: str, spec: Any, budget: Any, slots: int) -
     from .planning import capacity
     from .planning.memplan import plan_row
 
-    plan = capacity.plan(shape, budget, slots=None if slots == DEFAULT_PARALLEL else slots)
+    plan = capacity.plan(shape, budget, slots=None if slots == DEFAULT_PARALLEL else slots, lane=DEFAULT_PREFILL_LANE > 0)
     row = plan_row(shape, target, spec, *plan.streams)
     row.fits = plan.fits
     split = f" --tensor-split 1x{spec.count}" if spec.count > 1 else ""

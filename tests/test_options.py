@@ -105,3 +105,21 @@ def test_a_context_per_slot_has_its_own_name_and_the_old_spelling_says_so(comman
     assert bad.returncode != 0 and "--ctx-per-slot 0" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     old = run_pyllm(*argv, "--ctx-size", "-3", *(("--gpus", "1x8") if "doctor" in command else ("--prompt-tokens", "8")))
     assert "--ctx-size is now --ctx-per-slot" in old.stderr and "--ctx-per-slot -3" in old.stderr, old.stderr
+
+
+def test_every_serve_and_rpc_worker_option_has_its_environment_variable(tiny_models: dict[str, Path]) -> None:
+    """As llama.cpp's flags have LLAMA_ARG_*, every option of serve and rpc-worker can come from PYLLM_* (a container,
+    a unit): the commands are generated from their options with those variables, and one is really read."""
+    import typer.main
+
+    from pyllm_a100.cli.app import app
+    from pyllm_a100.rpc.worker import WorkerOptions
+
+    commands = typer.main.get_command(app).commands
+    for name, cls, prefix in (("serve", ServeOptions, "PYLLM_"), ("rpc-worker", WorkerOptions, "PYLLM_WORKER_")):
+        given = {p.name: p.envvar for p in commands[name].params}
+        for f in cls.cli_fields():
+            assert given[f.name] == cls.envvar(f) and given[f.name].startswith(prefix), (name, f.name, given[f.name])
+    assert len({cls.envvar(f) for f in ServeOptions.cli_fields()}) == len(ServeOptions.cli_fields())
+    bad = run_pyllm("serve", str(tiny_models["tiny-llama"]), env={"PYLLM_CTX_SIZE": "-5"})
+    assert bad.returncode == 78 and "--ctx-size -5" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

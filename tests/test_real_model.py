@@ -29,8 +29,18 @@ def chat(server, content: str, **kwargs):
                                                   messages=[{"role": "user", "content": content}], **kwargs)
 
 
-def test_temperature_zero_chat_answers_a_factual_question(servers, smollm2: Path) -> None:
-    server = servers.start(smollm2, ctx_size=2048)
+@pytest.fixture(scope="module")
+def smol_server(smollm2: Path):
+    """One SmolLM2 server (4,096-token pool) for this module's tests that only send it requests: started once, not
+    once per test (issue 60: a suite a newcomer waits for)."""
+    from pyllm_a100 import Server
+
+    with Server(smollm2, port=0, ctx_size=4096, ready_timeout=300) as server:
+        yield server
+
+
+def test_temperature_zero_chat_answers_a_factual_question(smol_server) -> None:
+    server = smol_server
     reply = chat(server, "What is the capital of France? Answer in one word.", max_tokens=24)
     assert "Paris" in reply.choices[0].message.content, reply.choices[0].message.content
 
@@ -63,8 +73,8 @@ def test_in_process_llama_and_the_managed_server_generate_the_same_text_with_the
     assert len(set(local_chat.split())) > 10, local_chat  # a real answer, not a repeated token
 
 
-def test_streaming_equals_non_streaming(servers, smollm2: Path) -> None:
-    server = servers.start(smollm2, ctx_size=2048)
+def test_streaming_equals_non_streaming(smol_server) -> None:
+    server = smol_server
     question = "Name three primary colors and say one thing about each."
     whole = chat(server, question, max_tokens=64)
     pieces = [c.choices[0].delta.content or "" for c in chat(server, question, max_tokens=64, stream=True) if c.choices]
@@ -79,8 +89,8 @@ class City(BaseModel):
     landmarks: list[str] = Field(min_length=1, max_length=2)
 
 
-def test_json_schema_constrained_output_parses_and_validates(servers, smollm2: Path) -> None:
-    server = servers.start(smollm2, ctx_size=2048)
+def test_json_schema_constrained_output_parses_and_validates(smol_server) -> None:
+    server = smol_server
     reply = chat(server, "Describe Paris as JSON: its name, country, population in millions and two landmarks.",
                  max_tokens=200, response_format={"type": "json_schema", "json_schema": {
                      "name": "city", "strict": True, "schema": City.model_json_schema()}})
@@ -98,10 +108,10 @@ WEATHER_TOOL = {"type": "function", "function": {
         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}
 
 
-def test_tool_calling_request_returns_a_well_formed_message_or_tool_call(servers, smollm2: Path) -> None:
+def test_tool_calling_request_returns_a_well_formed_message_or_tool_call(smol_server) -> None:
     """The field report's request: a get_weather tool and a question in Chinese. (SmolLM2's own chat template
     does not render tools, so this llama-server answers with a message; a template that does gives a tool call.)"""
-    server = servers.start(smollm2, ctx_size=4096)
+    server = smol_server
     reply = chat(server, "北京今天天气怎么样？请用摄氏度回答。", tools=[WEATHER_TOOL], max_tokens=48)
     choice = reply.choices[0]
     message = choice.message
@@ -118,8 +128,8 @@ def test_tool_calling_request_returns_a_well_formed_message_or_tool_call(servers
         assert reply.usage.completion_tokens <= 48
 
 
-def test_logprobs_are_consistent_with_the_greedy_text(servers, smollm2: Path) -> None:
-    server = servers.start(smollm2, ctx_size=2048)
+def test_logprobs_are_consistent_with_the_greedy_text(smol_server) -> None:
+    server = smol_server
     reply = chat(server, "Count from one to five in words.", max_tokens=16, logprobs=True, top_logprobs=3)
     entries = reply.choices[0].logprobs.content
     assert len(entries) == reply.usage.completion_tokens
@@ -134,11 +144,11 @@ def test_logprobs_are_consistent_with_the_greedy_text(servers, smollm2: Path) ->
 TEXTS = ["Hello, world!", "你好，世界！今天天气很好。", "naïve café — 🙂 tabs\tand\nnewlines", "<|im_start|>user\nhi<|im_end|>", " "]
 
 
-def test_tokenize_and_detokenize_through_the_server_equal_in_process(servers, smollm2: Path) -> None:
+def test_tokenize_and_detokenize_through_the_server_equal_in_process(smol_server, smollm2: Path) -> None:
     from pyllm_a100 import Llama
 
     llm = Llama(smollm2, vocab_only=True)
-    server = servers.start(smollm2, ctx_size=512)
+    server = smol_server
     try:
         for text in TEXTS:
             for special in (False, True):
@@ -215,10 +225,10 @@ def utf8(data: bytes) -> bool:
 SPLIT_UTF8 = ["Translate to Chinese: Good morning, my friend.", "Reply with three emoji that mean happy."]
 
 
-def test_token_probabilities_have_one_entry_per_generated_token(servers, smollm2: Path) -> None:
+def test_token_probabilities_have_one_entry_per_generated_token(smol_server) -> None:
     """n_probs (/completion) and logprobs (/v1/chat/completions), streamed and not: one entry per token, also for
     tokens that end inside a multi-byte character (the pin dropped those: vendor/patches/0015)."""
-    server = servers.start(smollm2, ctx_size=2048)
+    server = smol_server
     split_seen = False
     for content in SPLIT_UTF8:
         body = {"prompt": f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n", "n_predict": 24,

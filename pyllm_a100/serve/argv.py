@@ -80,9 +80,10 @@ def scheduling(config: ServerConfig) -> list[str]:
     """How steps share prompt and decode tokens, in the flags' long spelling (--batch-size, not -b); an option the
     user's flags after -- set is theirs and not passed twice. None: llama-server's own (e.g. for another binary)."""
     theirs = config.flags.given(SCHEDULING)
+    values = config.scheduling_values()
     argv: list[str] = []
     for key in llama_flags.keys(SCHEDULING):
-        value = getattr(config.options, key)
+        value = values[key]
         if value is not None and key not in theirs:
             argv += [llama_flags.long_name(key), str(value)]
     return argv

@@ -143,10 +143,26 @@ class ServerConfig:
         if given:
             return f"as the llama-server flags after -- set it ({', '.join(given)}; pyllm's defaults for the rest)"
         step = f"prompt steps of at most {o.batch_size} tokens" if o.batch_size else "llama-server's prompt steps"
+        lane = (f"; prompts of {self.lane_threshold:,}+ new tokens are prefilled in a lane beside the decoding streams "
+                "(--prefill-lane; 0: off)" if self.lane_threshold else "")
         if not o.decode_latency_target:
-            return f"{step}; no decode latency target (a long prompt stalls decoding streams)"
+            return f"{step}; no decode latency target (a long prompt stalls decoding streams){lane}"
         return (f"decoding streams keep a token every {o.decode_latency_target} ms on average while prompts are "
-                f"prefilled (--decode-latency-target; 0: off), {step}")
+                f"prefilled (--decode-latency-target; 0: off), {step}{lane}")
+
+    @property
+    def lane_threshold(self) -> int:
+        """The prefill lane's --prefill-lane as resolved: the option, else on where GPUs hold the layers (0: off)."""
+        from .sizing import lane_tokens, on_gpus
+
+        return lane_tokens(self.options, self.flags, on_gpus(self.devices, self.n_gpu_layers))
+
+    def scheduling_values(self) -> dict[str, int | None]:
+        """serve's scheduling options as llama-server gets them (the lane's as resolved; None: not passed)."""
+        o = self.options
+        return {"batch_size": o.batch_size, "decode_latency_target": o.decode_latency_target,
+                "prefill_min_chunk": o.prefill_min_chunk,
+                "prefill_lane": None if o.prefill_lane is None and not self.lane_threshold else self.lane_threshold}
 
     @property
     def sized_by_user(self) -> frozenset[str]:
@@ -162,7 +178,7 @@ class ServerConfig:
 
         per, streams = self.capacity.streams
         split = list(self.tensor_split) if self.tensor_split is not None else None
-        plans = per_device(local_shape(self.model), len(out), per, streams, split=split)
+        plans = per_device(local_shape(self.model), len(out), per, streams, split=split, lane=self.capacity.lane)
         for entry, plan in zip(out, plans):
             entry.update(layers=plan.layers, weights_bytes=plan.weights, kv_bytes=plan.kv)
         return out

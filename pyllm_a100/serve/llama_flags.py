@@ -42,11 +42,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("-np", "--parallel"), SIZING, "slots"),
     Flag(("-kvu", "--kv-unified"), SIZING, "pool", takes_value=False),
     Flag(("-no-kvu", "--no-kv-unified"), SIZING, "pool", takes_value=False),
-    Flag(("--kv-unified-per-slot",), SIZING, "pool", takes_value=False),
+    Flag(("--kv-unified-per-slot",), SIZING, "pool"),
+    Flag(("--prefill-lane-ctx",), SIZING, "lane"),
     # serve's scheduling options (ServeOptions fields of these names): given after --, the user's value is passed
     Flag(("-b", "--batch-size"), SCHEDULING, "batch_size"),
     Flag(("--decode-latency-target",), SCHEDULING, "decode_latency_target"),
     Flag(("--prefill-min-chunk",), SCHEDULING, "prefill_min_chunk"),
+    Flag(("--prefill-lane",), SCHEDULING, "prefill_lane"),
     # the split mode, and what --split-mode tensor requires (flash attention, an unquantized cache, --fit off)
     Flag(("-sm", "--split-mode"), SPLIT, "split_mode"),
     Flag(("-fa", "--flash-attn"), TENSOR, "flash_attn"),

@@ -22,6 +22,11 @@ MODEL_HELP = MODEL_FORMS[0].upper() + MODEL_FORMS[1:] + "."
 # s) and bounds a newcomer's wait. Measured (docs/performance.md): 100 ms keeps 14 % of a stream's solo speed at a
 # 1.39x prefill, 50 ms 28 % at 1.78x; time-slicing one GPU cannot give both 25 % and 1.15x.
 DEFAULT_DECODE_LATENCY_TARGET = 100
+# Prefill lane (issue 61; patch 0049): on GPUs a prompt of 2,048 new tokens or more is prefilled in a second
+# llama_context on its own thread while the slots decode. H200 under A100 dispatch, a 64k prefill beside a stream
+# (docs/performance.md): 43-layer V4 30 % of solo at 1.06x, GLM-5 12 layers 26 % at 1.07x (time-slicing alone: 14 % at
+# 1.39x). On 2 CPU cores the two contexts share the cores and the prefill slowed 1.4-2.2x: off there.
+DEFAULT_PREFILL_LANE = 2048
 DEFAULT_PREFILL_MIN_CHUNK = 64
 DEFAULT_BATCH_SIZE = 512
 # Request slots when --parallel is not given (planning/capacity.py plans the KV pool for them). 16, measured on two
@@ -30,7 +35,8 @@ DEFAULT_BATCH_SIZE = 512
 DEFAULT_PARALLEL: int | None = DEFAULT_SLOTS
 DEFAULT_QUEUE_TIMEOUT = 600  # seconds a request may wait for a slot and KV space before a 503 (llama-server's own: no bound)
 # The options that leave scheduling to llama-server's own defaults (-b 2048, no decode latency target): a baseline's
-LLAMA_CPP_SCHEDULING = {"decode_latency_target": None, "prefill_min_chunk": None, "batch_size": None}
+LLAMA_CPP_SCHEDULING = {"decode_latency_target": None, "prefill_min_chunk": None, "batch_size": None,
+                        "prefill_lane": None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +58,12 @@ class ServeOptions(CommandOptions):
         "them (the server measures its own step costs), so one long prompt no longer stalls every stream. Lower: faster "
         "streams, slower prefill (50: a stream keeps ~28 % of its speed, the prefill takes ~1.8x). 0: llama.cpp's own "
         "scheduling (each step takes a full --batch-size of prompt).")
+    prefill_lane: int | None = option(
+        None, "Prompts of at least this many new tokens are prefilled in a second context beside the decoding one (a "
+        "prefill lane; its KV cache holds one slot's context and is planned with the pool), so the GPU runs the prefill "
+        "and the other streams' decode steps at once instead of taking turns. One prompt at a time; others take "
+        "--decode-latency-target's turns. Default: 2048 when the layers are on GPUs, 0 (off) on the CPU, where two "
+        "contexts would share the same cores.")
     prefill_min_chunk: int | None = option(
         DEFAULT_PREFILL_MIN_CHUNK, "Prompt tokens a step takes at least while others decode: the floor that keeps a "
         "long prefill efficient when --decode-latency-target is tight.")

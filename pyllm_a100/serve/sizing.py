@@ -13,7 +13,8 @@ from ..planning import capacity
 from ..planning.capacity import Budget, Capacity
 from ..planning.memplan import local_shape
 from .llama_flags import ALL_LAYERS
-from .options import ServeOptions
+from .llama_flags import UserFlags
+from .options import DEFAULT_PREFILL_LANE, ServeOptions
 from .placement import Placement
 from .validate import Parsed
 
@@ -27,16 +28,17 @@ def plan(files: ModelFiles, options: ServeOptions, parsed: Parsed, placement: Pl
     partly on the CPU beside RPC workers, or not even the default plan fits)."""
     if options.kv_unified is not None or parsed.sized_by_user:
         return None
+    lane = lane_tokens(options, parsed.flags, on_gpus(placement.devices, n_gpu_layers)) > 0
     split = list(parsed.tensor_split) if parsed.tensor_split is not None else None
     shape = local_shape(files)
     if not parsed.rpc:
         all_local = n_gpu_layers is not None and n_gpu_layers >= shape.n_layer + 1
         budget = _local_budget(options, placement.local, all_local)
-        return _fit(shape, options, budget, split)
+        return _fit(shape, options, budget, split, lane)
     if n_gpu_layers is not None and n_gpu_layers >= ALL_LAYERS:  # every device reports its own memory: local GPUs and workers' alike
         devices = placement.devices
         return _fit(shape, options, Budget.gpus([d.total_mib * MIB for d in devices],
-                                                [(d.total_mib - d.free_mib) * MIB for d in devices]), split)
+                                                [(d.total_mib - d.free_mib) * MIB for d in devices]), split, lane)
     return None
 
 
@@ -50,11 +52,27 @@ def _local_budget(options: ServeOptions, gpus: Sequence[Any], all_layers: bool) 
     return Budget.cpu(psutil.virtual_memory().available, whole=options.ctx_size is not None)
 
 
-def _fit(shape: Any, options: ServeOptions, budget: Budget, split: list[float] | None) -> Capacity | None:
+def on_gpus(devices: Sequence[Any], n_gpu_layers: int | None) -> bool:
+    """Whether this machine's GPUs hold the layers (where a prefill lane runs beside the decoding context)."""
+    return bool(n_gpu_layers) and any(d.gpu is not None for d in devices)
+
+
+def lane_tokens(options: ServeOptions, flags: UserFlags, gpus: bool) -> int:
+    """The prefill lane's threshold the server runs with: the user's --prefill-lane after --, else serve's option,
+    else its default: DEFAULT_PREFILL_LANE where GPUs hold the layers, off on the CPU."""
+    theirs = flags.value("prefill_lane")
+    if theirs is not None:
+        return int(theirs) if theirs.isdigit() else 0
+    if options.prefill_lane is not None:
+        return options.prefill_lane
+    return DEFAULT_PREFILL_LANE if gpus else 0
+
+
+def _fit(shape: Any, options: ServeOptions, budget: Budget, split: list[float] | None, lane: bool) -> Capacity | None:
     """The KV pool and slots within ``budget``. A --ctx-size or --parallel that cannot fit is refused, naming the
     largest pool that does; when not even the default plan fits (the weights alone), None: llama.cpp's --fit decides."""
     ctx_size, parallel = options.ctx_size, options.parallel
-    planned = capacity.plan(shape, budget, slots=parallel, pool=ctx_size, split=split)
+    planned = capacity.plan(shape, budget, slots=parallel, pool=ctx_size, split=split, lane=lane)
     if planned.fits:
         log.info("capacity plan: %s", planned.summary())
         return planned
