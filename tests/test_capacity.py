@@ -76,3 +76,31 @@ def test_a_pool_that_cannot_fit_the_memory_available_is_refused_naming_the_large
         resolve(ServeOptions(tiny_models["tiny-glm-dsa"], port=0, ctx_size=2_000_000_000))
     message = str(caught.value)
     assert message.startswith("--ctx-size 2000000000: ") and "the largest pool that fits" in message and "\n" not in message
+
+
+def test_a_prefill_lane_is_planned_with_the_pool_and_passed_only_when_on(tiny_models: dict[str, Path]) -> None:
+    """--prefill-lane (patch 0049): its cache of one slot's context is planned with the pool and sized in the argv; on
+    the CPU it is off unless asked (two contexts would share the cores), and llama.cpp's own scheduling has none."""
+    from pyllm_a100.planning import capacity
+    from pyllm_a100.planning.memplan import local_shape
+    from pyllm_a100.models.gguf_files import resolve_model
+    from pyllm_a100.serve.options import LLAMA_CPP_SCHEDULING, ServeOptions
+    from pyllm_a100.serve.resolve import resolve
+
+    llama = tiny_models["tiny-llama"]
+    default = resolve(ServeOptions(llama, port=0))
+    argv = default.to_argv("llama-server")
+    assert "--prefill-lane" not in argv and "--prefill-lane-ctx" not in argv and default.capacity.lane == 0
+    asked = resolve(ServeOptions(llama, port=0, prefill_lane=1024))
+    argv = asked.to_argv("llama-server")
+    assert argv[argv.index("--prefill-lane") + 1] == "1024" and asked.capacity.lane == asked.capacity.per_slot
+    assert argv[argv.index("--prefill-lane-ctx") + 1] == str(asked.capacity.per_slot)
+    assert "prefill lane of" in asked.capacity.summary() and "--prefill-lane" in asked.scheduling
+    baseline = resolve(ServeOptions(llama, port=0, **LLAMA_CPP_SCHEDULING)).to_argv("llama-server")
+    assert "--prefill-lane" not in baseline and "--decode-latency-target" not in baseline
+    # on GPUs: the lane's own cache and compute buffer come out of the same budget, so the pool that fits is smaller
+    shape = local_shape(resolve_model(tiny_models["tiny-deepseek4"]))
+    budget = capacity.Budget.gpus([2 * GIB])
+    without, with_lane = capacity.plan(shape, budget), capacity.plan(shape, budget, lane=True)
+    assert with_lane.lane == with_lane.per_slot and with_lane.fits
+    assert with_lane.kv_bytes > without.kv_bytes or with_lane.largest_pool < without.largest_pool

@@ -21,7 +21,7 @@ from ..rpc.devices import Device
 from ..rpc.protocol import Endpoint
 from .llama_flags import ALL_LAYERS, SCHEDULING, SIZING, UserFlags
 from .llama_flags import read as read_flags
-from .options import ServeOptions
+from .options import DEFAULT_PREFILL_LANE, ServeOptions
 
 DEFAULT_CTX = 16384  # the pool when no memory plan is made (the weights alone do not fit: llama.cpp's --fit decides)
 
@@ -152,17 +152,21 @@ class ServerConfig:
 
     @property
     def lane_threshold(self) -> int:
-        """The prefill lane's --prefill-lane as resolved: the option, else on where GPUs hold the layers (0: off)."""
-        from .sizing import lane_tokens, on_gpus
+        """The prefill lane's --prefill-lane as resolved (0: off): as asked (the option, or the user's flag after --);
+        by default on where the plan made room for it (GPUs hold the layers: sizing.plan), off elsewhere."""
+        from .sizing import explicit_lane
 
-        return lane_tokens(self.options, self.flags, on_gpus(self.devices, self.n_gpu_layers))
+        asked = explicit_lane(self.options, self.flags)
+        if asked is not None:
+            return asked
+        return DEFAULT_PREFILL_LANE if self.capacity is not None and self.capacity.lane else 0
 
     def scheduling_values(self) -> dict[str, int | None]:
         """serve's scheduling options as llama-server gets them (the lane's as resolved; None: not passed)."""
         o = self.options
         return {"batch_size": o.batch_size, "decode_latency_target": o.decode_latency_target,
                 "prefill_min_chunk": o.prefill_min_chunk,
-                "prefill_lane": None if o.prefill_lane is None and not self.lane_threshold else self.lane_threshold}
+                "prefill_lane": self.lane_threshold or None}  # off is llama-server's own default: not passed
 
     @property
     def sized_by_user(self) -> frozenset[str]:

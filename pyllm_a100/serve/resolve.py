@@ -33,7 +33,7 @@ def resolve(options: ServeOptions, *, require_api_key: bool = True) -> ServerCon
     n_gpu_layers = options.n_gpu_layers
     if n_gpu_layers is None:  # all layers on the GPUs (remote devices hold layers too)
         n_gpu_layers = ALL_LAYERS if parsed.rpc or where.local else None
-    planned = sizing.plan(files, options, parsed, where, n_gpu_layers)
+    planned = sizing.plan(files, options, parsed, where, n_gpu_layers, draft=draft is not None)
     port = options.port or free_port(options.host if is_loopback(options.host) else "0.0.0.0")
     refused = bind_refusal(options.host, port)  # last: a busy port never hides a mistake found above
     if refused:

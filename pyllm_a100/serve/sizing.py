@@ -23,23 +23,32 @@ MIB = 2**20
 
 
 def plan(files: ModelFiles, options: ServeOptions, parsed: Parsed, placement: Placement,
-         n_gpu_layers: int | None) -> Capacity | None:
+         n_gpu_layers: int | None, *, draft: bool) -> Capacity | None:
     """The planned pool and slots, or None where nobody plans them (sized by the caller or the user's flags, layers
-    partly on the CPU beside RPC workers, or not even the default plan fits)."""
+    partly on the CPU beside RPC workers, or not even the default plan fits). With a prefill lane the plan holds its
+    cache too; the lane that is on by default (GPUs) is left out where it could never take a prompt (a slot smaller
+    than its threshold), beside a draft or under --split-mode tensor (llama-server keeps it off there)."""
     if options.kv_unified is not None or parsed.sized_by_user:
         return None
-    lane = lane_tokens(options, parsed.flags, on_gpus(placement.devices, n_gpu_layers)) > 0
     split = list(parsed.tensor_split) if parsed.tensor_split is not None else None
     shape = local_shape(files)
     if not parsed.rpc:
         all_local = n_gpu_layers is not None and n_gpu_layers >= shape.n_layer + 1
         budget = _local_budget(options, placement.local, all_local)
-        return _fit(shape, options, budget, split, lane)
-    if n_gpu_layers is not None and n_gpu_layers >= ALL_LAYERS:  # every device reports its own memory: local GPUs and workers' alike
+    elif n_gpu_layers is not None and n_gpu_layers >= ALL_LAYERS:  # every device reports its own memory: local GPUs and workers' alike
         devices = placement.devices
-        return _fit(shape, options, Budget.gpus([d.total_mib * MIB for d in devices],
-                                                [(d.total_mib - d.free_mib) * MIB for d in devices]), split, lane)
-    return None
+        budget = Budget.gpus([d.total_mib * MIB for d in devices], [(d.total_mib - d.free_mib) * MIB for d in devices])
+    else:
+        return None
+    gpus = on_gpus(placement.devices, n_gpu_layers)
+    lane = lane_tokens(options, parsed.flags, gpus)
+    automatic = explicit_lane(options, parsed.flags) is None
+    if automatic and (draft or parsed.flags.value("split_mode") == "tensor"):
+        lane = 0
+    planned = _fit(shape, options, budget, split, lane > 0)
+    if automatic and lane and planned is not None and planned.per_slot < lane:
+        planned = _fit(shape, options, budget, split, False)
+    return planned
 
 
 def _local_budget(options: ServeOptions, gpus: Sequence[Any], all_layers: bool) -> Budget:
@@ -57,14 +66,21 @@ def on_gpus(devices: Sequence[Any], n_gpu_layers: int | None) -> bool:
     return bool(n_gpu_layers) and any(d.gpu is not None for d in devices)
 
 
-def lane_tokens(options: ServeOptions, flags: UserFlags, gpus: bool) -> int:
-    """The prefill lane's threshold the server runs with: the user's --prefill-lane after --, else serve's option,
-    else its default: DEFAULT_PREFILL_LANE where GPUs hold the layers, off on the CPU."""
+def explicit_lane(options: ServeOptions, flags: UserFlags) -> int | None:
+    """The prefill lane's threshold someone asked for: the user's --prefill-lane after --, else serve's option; None
+    when nobody did (the default decides)."""
     theirs = flags.value("prefill_lane")
     if theirs is not None:
         return int(theirs) if theirs.isdigit() else 0
-    if options.prefill_lane is not None:
-        return options.prefill_lane
+    return options.prefill_lane
+
+
+def lane_tokens(options: ServeOptions, flags: UserFlags, gpus: bool) -> int:
+    """The prefill lane's threshold asked for, else its default: DEFAULT_PREFILL_LANE where GPUs hold the layers, off
+    on the CPU (0)."""
+    asked = explicit_lane(options, flags)
+    if asked is not None:
+        return asked
     return DEFAULT_PREFILL_LANE if gpus else 0
 
 
