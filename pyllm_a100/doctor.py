@@ -106,7 +106,7 @@ def model_report(spec: str, ctx: int | None, gpus: list[GPU], info: dict[str, An
     findings += [f for f in _nvfp4_findings(arch, files.tensor_types) if f.level != "ok"]
     if known:
         findings.append(_tensor_split_finding(arch, info))
-        findings.append(_scheduling_finding())
+        findings.append(_scheduling_finding(bool(gpus)))
     trained = int(meta.get(f"{arch}.context_length") or 0)
     asked = ctx
     ctx = ctx or (min(trained, 16384) if trained else 16384)
@@ -186,14 +186,19 @@ def _tensor_split_finding(arch: str, info: dict[str, Any]) -> Finding:
                          f"f16/bf16/f32 KV cache, which pyllm serve checks; layer split stays the default{known}")
 
 
-def _scheduling_finding() -> Finding:
-    """What pyllm serve does when one request's long prompt arrives while others decode (co-tenancy)."""
-    from .serve.options import DEFAULT_BATCH_SIZE, DEFAULT_DECODE_LATENCY_TARGET
+def _scheduling_finding(gpus: bool) -> Finding:
+    """What pyllm serve does when one request's long prompt arrives while others decode (co-tenancy), on GPUs or on
+    the CPU (serve/config.py: lane_threshold, min_chunk)."""
+    from .serve.options import DEFAULT_BATCH_SIZE, DEFAULT_DECODE_LATENCY_TARGET, DEFAULT_PREFILL_LANE
 
+    where = (f"prompts of {DEFAULT_PREFILL_LANE:,}+ new tokens are prefilled in a lane beside the decoding streams "
+             "(--prefill-lane; 0: off)" if gpus else
+             "on the CPU every prompt step is a full batch (--prefill-min-chunk; small chunks run at half speed there) "
+             "and no prefill lane (two contexts would share the same cores)")
     return Finding("ok", f"scheduling: pyllm serve keeps decoding streams at a token about every "
                          f"{DEFAULT_DECODE_LATENCY_TARGET} ms while other prompts are prefilled (--decode-latency-target; "
                          f"0: llama.cpp's own, where a long prompt stalls them), prompt steps of at most "
-                         f"{DEFAULT_BATCH_SIZE} tokens (--batch-size)")
+                         f"{DEFAULT_BATCH_SIZE} tokens (--batch-size); {where}")
 
 
 def _capacity_finding(report: dict[str, Any], files: Any, gpus: list[GPU]) -> Finding:

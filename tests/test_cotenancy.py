@@ -78,6 +78,8 @@ def test_serve_and_doctor_say_the_scheduling(tiny_deepseek4: Path, pyllm_home: P
         argv = (pyllm_home / "servers" / "sched" / "server.log").read_text().split("starting llama-server: ")[1].split()
         assert argv[argv.index("--decode-latency-target") + 1] == str(TARGET_MS) and argv[argv.index("--batch-size") + 1] == "512"
         assert entry["options"]["decode_latency_target"] == TARGET_MS
+        # on the CPU every prompt step is a full batch (small chunks deep in a prompt cost a CPU 1.67x; 512: 1.25x)
+        assert argv[argv.index("--prefill-min-chunk") + 1] == "512" and "--prefill-lane" not in argv
     finally:
         run_pyllm("stop", "sched")
     off = run_pyllm("serve", str(tiny_deepseek4), "--port", "0", "--detach", "--name", "off", "--decode-latency-target", "0",
@@ -102,5 +104,5 @@ def test_scheduling_flags_after_dashes_are_the_users_and_passed_once(tiny_deepse
     argv = cfg.to_argv("llama-server")
     assert argv.count("--decode-latency-target") == 1 and argv[argv.index("--decode-latency-target") + 1] == "5"
     assert "--batch-size" not in argv and argv[argv.index("-b") + 1] == "64"
-    assert argv[argv.index("--prefill-min-chunk") + 1] == "64", "what the user left out keeps pyllm's default"
+    assert argv[argv.index("--prefill-min-chunk") + 1] == "64", "what the user left out keeps pyllm's default: on the CPU the batch"
     assert "--decode-latency-target 5, -b 64" in cfg.scheduling, cfg.scheduling

@@ -66,8 +66,9 @@ class ServeOptions(CommandOptions):
         "--decode-latency-target's turns. Default: 2048 when the layers are on GPUs, 0 (off) on the CPU, where two "
         "contexts would share the same cores.")
     prefill_min_chunk: int | None = option(
-        DEFAULT_PREFILL_MIN_CHUNK, "Prompt tokens a step takes at least while others decode: the floor that keeps a "
-        "long prefill efficient when --decode-latency-target is tight.")
+        None, "Prompt tokens a step takes at least while others decode: the floor that keeps a long prefill efficient "
+        "when --decode-latency-target is tight. Default: 64 when the layers are on GPUs; a full --batch-size on the "
+        "CPU, where small chunks deep in a prompt run at half speed.")
     batch_size: int | None = option(
         DEFAULT_BATCH_SIZE, "Prompt tokens one step may take when nobody is decoding (llama-server -b): a request that "
         "arrives waits at most one such step.")
