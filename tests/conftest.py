@@ -46,6 +46,19 @@ def run_pyllm(*args: str, env: dict | None = None, timeout: float = 600, check: 
     return result
 
 
+def wait_for(cond, timeout: float, what: str, poll: float = 0.02):
+    """cond()'s first truthy value within timeout seconds, else an AssertionError that names what was awaited."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def run_python(code: str, *, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run Python code in a fresh interpreter of the test venv, outside the checkout
     (so the installed package, not the source folder, is imported)."""

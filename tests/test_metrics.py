@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import run_pyllm
+from conftest import run_pyllm, wait_for
 
 KEY = "metrics-test-key-0123456789"
 
@@ -25,16 +25,6 @@ def _sample(families: dict, family: str, suffix: str = "", **labels: str):
     (value,) = [s.value for s in families[family].samples
                 if s.name == family + suffix and all(s.labels.get(k) == v for k, v in labels.items())]
     return value
-
-
-def _wait(predicate, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError("timed out")
 
 
 def test_metrics_endpoint_and_supervisor_figures(tiny_deepseek4: Path, tmp_path: Path) -> None:
@@ -74,8 +64,9 @@ def test_metrics_endpoint_and_supervisor_figures(tiny_deepseek4: Path, tmp_path:
                          "served_name": tiny_deepseek4.stem, "url": entry["url"], "gpus": ""}]
 
         os.kill(entry["server_pid"], signal.SIGKILL)
-        after = _wait(lambda: [e for e in json.loads(run_pyllm("ps", "--json", check=True).stdout)
-                               if e.get("restarts") == 1 and e.get("status") == "ready"])[0]
+        after = wait_for(lambda: [e for e in json.loads(run_pyllm("ps", "--json", check=True).stdout)
+                                  if e.get("restarts") == 1 and e.get("status") == "ready"], 120,
+                         "the supervisor to restart the killed server", poll=0.25)[0]
         assert after["server_pid"] != entry["server_pid"]
         out = tmp_path / "textfile" / "pyllm.prom"
         assert run_pyllm("metrics", "--output", str(out), check=True).stdout == ""

@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conftest import wait_for
+
 WORDS = ("river stone lantern maple orbit copper violet harbor meadow signal quartz ember falcon tundra willow "
          "cobalt prism thistle canyon summit glacier beacon saffron juniper marble velvet compass horizon").split()
 
@@ -57,16 +59,6 @@ def metrics(srv) -> dict[str, float]:
 
 def slot_states(srv) -> list[str]:
     return [s["state"] for s in httpx.get(srv.base_url + "/slots", timeout=30).json()]
-
-
-def wait_for(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def start(servers, model: Path, lane: int, *, parallel: int = 4, ctx: int = 16384, kv_unified: bool = True, extra=()):
