@@ -70,7 +70,7 @@ def llama_cpp_module() -> ModuleType:
 _LEVELS = {0: logging.CRITICAL, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 _callback = None
 _last_level = logging.INFO
-llama_log = logging.getLogger("pyllm_a100.llama_cpp")
+llama_log = logging.getLogger("pyllm_a100.llamacpp")
 verbose_logs = False  # set by Llama(verbose=True): llama.cpp's log goes to stderr as it comes
 
 
