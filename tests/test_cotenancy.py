@@ -109,3 +109,24 @@ def test_scheduling_flags_after_dashes_are_the_users_and_passed_once(tiny_deepse
     assert "--batch-size" not in argv and argv[argv.index("-b") + 1] == "64"
     assert argv[argv.index("--prefill-min-chunk") + 1] == "64", "what the user left out keeps pyllm's default: on the CPU the batch"
     assert "--decode-latency-target 5, -b 64" in cfg.scheduling, cfg.scheduling
+
+
+def test_the_defaults_follow_the_devices_the_layers_are_on(tiny_deepseek4: Path, tmp_path: Path) -> None:
+    """GPUs (fake A100s: what NVML reports): the prefill lane for prompts of 2,048+ tokens and a 64-token floor; the
+    CPU (this machine): no lane and every prompt step a full batch (small chunks deep in a prompt cost a CPU 1.67x)."""
+    from fake_gpus import fake_gpu_env
+
+    from conftest import run_python
+
+    code = f"""
+from pyllm_a100.serve.resolve import resolve
+from pyllm_a100.serve.options import ServeOptions
+argv = resolve(ServeOptions(model={str(tiny_deepseek4)!r}, port=0), require_api_key=False).to_argv("llama-server")
+value = lambda flag: argv[argv.index(flag) + 1] if flag in argv else None
+print(value("--prefill-lane"), value("--prefill-min-chunk"), value("--batch-size"))
+"""
+    on_gpus = run_python(code, env=fake_gpu_env(tmp_path / "fake", 1))
+    on_cpu = run_python(code)
+    assert on_gpus.returncode == 0 and on_cpu.returncode == 0, (on_gpus.stderr, on_cpu.stderr)
+    assert on_gpus.stdout.split() == ["2048", "64", "512"], on_gpus.stdout
+    assert on_cpu.stdout.split() == ["None", "512", "512"], on_cpu.stdout

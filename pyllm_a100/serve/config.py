@@ -174,7 +174,9 @@ class ServerConfig:
         if on_gpus(self.devices, self.n_gpu_layers):
             return DEFAULT_PREFILL_MIN_CHUNK
         theirs = self.flags.value("batch_size")  # the user's -b after --: the floor is their batch
-        return int(theirs) if theirs and theirs.isdigit() else (o.batch_size or DEFAULT_BATCH_SIZE)
+        if theirs and theirs.isdigit() and int(theirs) > 0:
+            return int(theirs)
+        return o.batch_size or DEFAULT_BATCH_SIZE  # a bad -b is llama-server's to refuse, not the floor's
 
     def scheduling_values(self) -> dict[str, int | None]:
         """serve's scheduling options as llama-server gets them (the lane's and the floor's as resolved; None: not
