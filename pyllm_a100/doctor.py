@@ -189,7 +189,7 @@ def _tensor_split_finding(arch: str, info: dict[str, Any]) -> Finding:
 def _scheduling_finding(gpus: bool) -> Finding:
     """What pyllm serve does when one request's long prompt arrives while others decode (co-tenancy), on GPUs or on
     the CPU (serve/config.py: lane_threshold, min_chunk)."""
-    from .serve.options import DEFAULT_BATCH_SIZE, DEFAULT_DECODE_LATENCY_TARGET, DEFAULT_PREFILL_LANE
+    from .serve.options import DEFAULT_BATCH_SIZE, DEFAULT_DECODE_LATENCY_TARGET
 
     where = (f"prompts of {DEFAULT_PREFILL_LANE:,}+ new tokens are prefilled in a lane beside the decoding streams "
              "(--prefill-lane; 0: off)" if gpus else
@@ -212,7 +212,7 @@ def _capacity_finding(report: dict[str, Any], files: Any, gpus: list[GPU]) -> Fi
         import psutil
 
         budget = capacity.Budget.cpu(psutil.virtual_memory().available)
-    plan = capacity.plan(local_shape(files), budget, lane=bool(gpus) and DEFAULT_PREFILL_LANE > 0)  # as serve plans it
+    plan = capacity.plan_default_lane(local_shape(files), budget, DEFAULT_PREFILL_LANE if gpus else 0)  # as serve does
     report["plan"] = plan.as_dict()
     if not plan.fits:
         return Finding("warn", f"no KV pool fits beside the weights ({budget.rule}): llama.cpp's --fit decides")
@@ -353,7 +353,7 @@ def _capacity_row(shape: Any, target: str, spec: Any, budget: Any, slots: int) -
     from .planning import capacity
     from .planning.memplan import plan_row
 
-    plan = capacity.plan(shape, budget, slots=None if slots == DEFAULT_PARALLEL else slots, lane=DEFAULT_PREFILL_LANE > 0)
+    plan = capacity.plan_default_lane(shape, budget, DEFAULT_PREFILL_LANE, slots=None if slots == DEFAULT_PARALLEL else slots)
     row = plan_row(shape, target, spec, *plan.streams)
     row.fits = plan.fits
     split = f" --tensor-split 1x{spec.count}" if spec.count > 1 else ""
@@ -368,7 +368,7 @@ def memory_plan(model: str, gpus: str, ctx_size: int | None = None, parallel: in
                 layers: int | None = None, experts: int | None = None, token: str | None = None) -> dict[str, Any]:
     """Per quantization: weights, KV at ctx x slots, compute, per-GPU total, fits, and a serve command that fits."""
     from .errors import InvalidArgument
-    from .planning.memplan import CUDA_OVERHEAD_MIB, FIT_MARGIN_MIB, local_shape, parse_gpus, plan_row, preset_shapes
+    from .planning.memplan import CUDA_OVERHEAD_MIB, FIT_MARGIN_MIB, local_shape, plan_row, preset_shapes
 
     spec, devices = plan_gpus(gpus)
     slots = (1 if ctx_size is not None else DEFAULT_PARALLEL) if parallel is None else parallel

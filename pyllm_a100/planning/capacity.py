@@ -171,3 +171,12 @@ def plan(shape: Shape, budget: Budget, *, slots: int | None = None, pool: int | 
     return Capacity(slots=n, per_slot=per_slot, pool=chosen, kv_bytes=kv, shared=shared, fits=ok and chosen > 0,
                     largest_pool=largest, trained=trained, budget=budget,
                     devices=len(budget.per_device) if budget.gpu else 0, lane=per_slot if lane else 0)
+
+
+def plan_default_lane(shape: Shape, budget: Budget, threshold: int, **kwargs: Any) -> Capacity:
+    """plan() with the prefill lane a server turns on by itself, for prompts of ``threshold``+ new tokens (0: none),
+    left out where a slot would hold fewer tokens than that: the lane could never take a prompt there."""
+    planned = plan(shape, budget, lane=threshold > 0, **kwargs)
+    if threshold > 0 and planned.per_slot < threshold:
+        return plan(shape, budget, **kwargs)
+    return planned

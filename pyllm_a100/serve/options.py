@@ -34,8 +34,7 @@ DEFAULT_BATCH_SIZE = 512
 # TTFT p50 0.25 s instead of 1.53 s, one stream as fast as before (docs/performance.md, "Concurrency").
 DEFAULT_PARALLEL: int | None = DEFAULT_SLOTS
 DEFAULT_QUEUE_TIMEOUT = 600  # seconds a request may wait for a slot and KV space before a 503 (llama-server's own: no bound)
-# The options that leave scheduling to llama-server's own defaults (-b 2048, no decode latency target, no lane): a
-# baseline's
+# A baseline's options: scheduling left to llama-server's own defaults (-b 2048, no decode latency target, no lane)
 LLAMA_CPP_SCHEDULING = {"decode_latency_target": None, "prefill_min_chunk": None, "batch_size": None,
                         "prefill_lane": 0}
 

@@ -12,8 +12,7 @@ from ..models.gguf_files import ModelFiles
 from ..planning import capacity
 from ..planning.capacity import Budget, Capacity
 from ..planning.memplan import local_shape
-from .llama_flags import ALL_LAYERS
-from .llama_flags import UserFlags
+from .llama_flags import ALL_LAYERS, UserFlags
 from .options import DEFAULT_PREFILL_LANE, ServeOptions
 from .placement import Placement
 from .validate import Parsed
@@ -40,15 +39,11 @@ def plan(files: ModelFiles, options: ServeOptions, parsed: Parsed, placement: Pl
         budget = Budget.gpus([d.total_mib * MIB for d in devices], [(d.total_mib - d.free_mib) * MIB for d in devices])
     else:
         return None
-    gpus = on_gpus(placement.devices, n_gpu_layers)
-    lane = lane_tokens(options, parsed.flags, gpus)
-    automatic = explicit_lane(options, parsed.flags) is None
-    if automatic and (draft or parsed.flags.value("split_mode") == "tensor"):
-        lane = 0
-    planned = _fit(shape, options, budget, split, lane > 0)
-    if automatic and lane and planned is not None and planned.per_slot < lane:
-        planned = _fit(shape, options, budget, split, False)
-    return planned
+    asked = explicit_lane(options, parsed.flags)
+    if asked is not None:
+        return _fit(shape, options, budget, split, asked, as_asked=True)
+    by_default = on_gpus(placement.devices, n_gpu_layers) and not draft and parsed.flags.value("split_mode") != "tensor"
+    return _fit(shape, options, budget, split, DEFAULT_PREFILL_LANE if by_default else 0, as_asked=False)
 
 
 def _local_budget(options: ServeOptions, gpus: Sequence[Any], all_layers: bool) -> Budget:
@@ -75,20 +70,17 @@ def explicit_lane(options: ServeOptions, flags: UserFlags) -> int | None:
     return options.prefill_lane
 
 
-def lane_tokens(options: ServeOptions, flags: UserFlags, gpus: bool) -> int:
-    """The prefill lane's threshold asked for, else its default: DEFAULT_PREFILL_LANE where GPUs hold the layers, off
-    on the CPU (0)."""
-    asked = explicit_lane(options, flags)
-    if asked is not None:
-        return asked
-    return DEFAULT_PREFILL_LANE if gpus else 0
-
-
-def _fit(shape: Any, options: ServeOptions, budget: Budget, split: list[float] | None, lane: bool) -> Capacity | None:
-    """The KV pool and slots within ``budget``. A --ctx-size or --parallel that cannot fit is refused, naming the
-    largest pool that does; when not even the default plan fits (the weights alone), None: llama.cpp's --fit decides."""
+def _fit(shape: Any, options: ServeOptions, budget: Budget, split: list[float] | None, lane: int, *,
+         as_asked: bool) -> Capacity | None:
+    """The KV pool and slots within ``budget``, beside a prefill lane for prompts of ``lane``+ tokens (0: none): one
+    asked for is planned as asked (even where a slot is smaller: llama-server would size its cache otherwise), the
+    default one only where a slot can hold such a prompt. A --ctx-size or --parallel that cannot fit is refused,
+    naming the largest pool that does; when not even the default plan fits (the weights alone), None: llama.cpp's
+    --fit decides."""
     ctx_size, parallel = options.ctx_size, options.parallel
-    planned = capacity.plan(shape, budget, slots=parallel, pool=ctx_size, split=split, lane=lane)
+    sized = {"slots": parallel, "pool": ctx_size, "split": split}
+    planned = (capacity.plan(shape, budget, lane=lane > 0, **sized) if as_asked
+               else capacity.plan_default_lane(shape, budget, lane, **sized))
     if planned.fits:
         log.info("capacity plan: %s", planned.summary())
         return planned
